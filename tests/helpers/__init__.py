@@ -1,0 +1,1 @@
+"""Shared test helpers: real CLI runs, DDP readiness, batching invariance, causality."""

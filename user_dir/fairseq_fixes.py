@@ -1,0 +1,32 @@
+"""Fixes for fairseq bugs that would silently lose data, applied on plugin import.
+
+* ``data_utils.batch_by_size`` drops the last batch when its size is not a
+  multiple of ``--required-batch-size-multiple`` (default 8): fairseq issue
+  #5036. ``fairseq-generate`` then translates fewer sentences than the test
+  set has, and ``fairseq-validate``/``fairseq-eval-lm`` score fewer tokens.
+  The patched version keeps that batch.
+"""
+import functools
+
+from fairseq.data import data_utils
+
+
+def _keep_last_batch(batch_by_size):
+    @functools.wraps(batch_by_size)
+    def patched(indices, num_tokens_fn, num_tokens_vec=None, max_tokens=None, max_sentences=None,
+                required_batch_size_multiple=1, fixed_shapes=None):
+        batches = batch_by_size(indices, num_tokens_fn, num_tokens_vec, max_tokens, max_sentences,
+                                required_batch_size_multiple, fixed_shapes)
+        if fixed_shapes is None:
+            covered = sum(len(b) for b in batches)
+            if covered < len(indices):  # batches are consecutive chunks of ``indices``
+                batches.append(indices[covered:])
+        return batches
+
+    patched._fairseq_struct_fixed = True
+    return patched
+
+
+def install():
+    if not getattr(data_utils.batch_by_size, "_fairseq_struct_fixed", False):
+        data_utils.batch_by_size = _keep_last_batch(data_utils.batch_by_size)
