@@ -78,7 +78,7 @@ def read_parallel(src_path, tgt_path):
     src, tgt = read_lines(src_path), read_lines(tgt_path)
     if len(src) != len(tgt):
         raise PrepareError(
-            f"misaligned parallel files: {src_path} has {len(src)} lines but {tgt_path} has {len(tgt)}"
+            f"misaligned parallel files: {src_path} has {len(src)} lines but {tgt_path} has {len(tgt)} lines"
         )
     if not src:
         raise PrepareError(f"empty corpus: {src_path} and {tgt_path} have no lines")
@@ -115,7 +115,7 @@ def write_lines(path, lines):
 
 
 class SubwordNmtBPE:
-    def __init__(self, train_texts, merges, workdir, vocab_threshold):
+    def __init__(self, train_texts, merges, workdir):
         from subword_nmt.learn_bpe import learn_bpe
 
         self.codes = os.path.join(workdir, "bpe.codes")
@@ -123,7 +123,6 @@ class SubwordNmtBPE:
         write_lines(joined, [line for text in train_texts for line in text])
         with open(joined, encoding="utf-8") as fin, open(self.codes, "w", encoding="utf-8") as fout:
             learn_bpe(fin, fout, merges, min_frequency=2, total_symbols=False)
-        self.vocab_threshold = vocab_threshold
 
     def apply(self, lines):
         from subword_nmt.apply_bpe import BPE
@@ -134,7 +133,7 @@ class SubwordNmtBPE:
 
 
 class SentencePieceBPE:
-    def __init__(self, train_texts, vocab_size, workdir, vocab_threshold=None):
+    def __init__(self, train_texts, vocab_size, workdir):
         import sentencepiece as spm
 
         joined = os.path.join(workdir, "spm.train")
@@ -198,7 +197,7 @@ def prepare(args):
         os.makedirs(text_dir)
         train_texts = list(data["train"])
         if args.bpe == "subword-nmt":
-            bpe = SubwordNmtBPE(train_texts, args.merges, work, args.vocab_threshold)
+            bpe = SubwordNmtBPE(train_texts, args.merges, work)
         elif args.bpe == "sentencepiece":
             bpe = SentencePieceBPE(train_texts, args.merges, work)
         else:

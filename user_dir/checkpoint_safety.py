@@ -19,6 +19,7 @@ import argparse
 import functools
 import importlib
 import pickle
+import re
 
 import torch
 
@@ -60,9 +61,12 @@ def _wrap_loader(load_fn):
         try:
             return load_fn(path, *args, **kwargs)
         except pickle.UnpicklingError as e:
+            found = re.search(r"GLOBAL ([\w.]+)", str(e))
+            what = f"the global {found.group(1)}" if found else "a global"
             raise UnsafeCheckpointError(
-                f"refusing to load checkpoint {path}: its pickle references a global that fairseq "
-                f"checkpoints never contain, so it was not executed. torch said: {str(e).splitlines()[0]}"
+                f"refusing to load checkpoint {path}: its pickle references {what}, which fairseq "
+                f"checkpoints never contain; nothing in it was executed. If you trust the file, load it "
+                f"yourself with torch.load(..., weights_only=False)."
             ) from None
 
     load_checkpoint_to_cpu._fairseq_struct_safe = True

@@ -51,7 +51,7 @@ def script(path, *args, **kwargs):
     return run([sys.executable, os.path.join(ROOT, path), *map(str, args)], **kwargs)
 
 
-def make_toy_translation_data(workdir, train=300, valid=40, test=40, merges=200):
+def make_toy_translation_data(workdir, train=300, valid=37, test=43, merges=200):
     """Synthetic en→de corpus → BPE → fairseq-preprocess. Returns the binarized directory."""
     raw, dest = os.path.join(workdir, "raw"), os.path.join(workdir, "bin")
     script("preprocess/toy_translation_corpus.py", "--out", raw, "--train", train,
