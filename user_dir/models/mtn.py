@@ -66,6 +66,7 @@ class MTNConfig(FairseqDataclass):
 def _transformer_cfg(cfg, **overrides):
     """fairseq's TransformerConfig from the flat MTN config (legacy flag names), with overrides."""
     flat = {f.name: getattr(cfg, f.name) for f in fields(MTNConfig) if hasattr(cfg, f.name)}
+    flat.update(decoder_input_dim=cfg.decoder_embed_dim, decoder_output_dim=cfg.decoder_embed_dim)
     flat.update(overrides)
     return TransformerConfig.from_namespace(Namespace(**flat))
 
