@@ -29,8 +29,6 @@ import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from fairseq.data import Dictionary  # noqa: E402
-
 from user_dir.modules.query_sessions import SEP, SessionError, flatten, read_sessions, session_examples  # noqa: E402
 
 SPLITS = ("train", "valid", "test")
@@ -53,6 +51,8 @@ def write_examples(ses_path, out_prefix, args):
 
 
 def build_dictionary(raw_dir, args):
+    from fairseq.data import Dictionary  # imported late: input errors are reported without loading fairseq
+
     d = Dictionary()
     for side in ("src", "tgt"):
         with open(os.path.join(raw_dir, f"train.{side}"), encoding="utf-8") as f:
