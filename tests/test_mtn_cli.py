@@ -16,7 +16,7 @@ TRAIN_ARGS = ["--task", "query_suggestion", "--optimizer", "adam", "--lr", "2e-3
 def synthetic(tmp_path_factory):
     work = tmp_path_factory.mktemp("mtn_syn")
     ses = work / "ses"
-    script("preprocess/synthetic_sessions.py", "--out", ses, "--train", 200, "--valid", 30, "--test", 30)
+    script("preprocess/synthetic_sessions.py", "--out", ses, "--train", 200, "--valid", 15, "--test", 15)
     script("preprocess/query_suggestion_prepare.py", "--ses-dir", ses, "--dest", work / "bin",
            "--max-query-length", 12)
     return work
@@ -37,6 +37,13 @@ def test_train_generate_nbest_and_score(synthetic, tmp_path):
     scored = script("preprocess/query_suggestion_score.py", out_file, "--k", 3, "--ref", data / "raw" / "test.tgt")
     last = scored.stdout.strip().splitlines()[-1]
     assert re.fullmatch(rf"BLEU = [\d.]+ EM@1 = [\d.]+ EM@3 = [\d.]+ MRR = [\d.]+ \(n = {n_test}\)", last), last
+    # hub interface: a flattened session in, k suggestions out
+    from user_dir.models.mtn import MTNModel
+
+    hub = MTNModel.from_pretrained(str(tmp_path), checkpoint_file="checkpoint_last.pt", data_name_or_path=str(data))
+    session = (data / "raw" / "test.src").read_text().splitlines()[1]
+    hyps = hub.generate(hub.encode(session), beam=3, nbest=3, max_len_b=13)
+    assert len(hyps) == 3 and all(len(h["tokens"]) <= 14 for h in hyps)
     # the scorer refuses an output with a missing example
     truncated = tmp_path / "truncated.txt"
     truncated.write_text("\n".join(line for line in gen.stdout.splitlines() if not line.startswith("H-0\t")))
