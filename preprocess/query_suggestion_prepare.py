@@ -27,9 +27,11 @@ import subprocess
 import sys
 import tempfile
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from query_suggestion_load import load_module  # noqa: E402
 
-from user_dir.modules.query_sessions import SEP, SessionError, flatten, read_sessions, session_examples  # noqa: E402
+_m = load_module("query_sessions")
+SEP, SessionError, flatten, read_sessions, session_examples = (
+    _m.SEP, _m.SessionError, _m.flatten, _m.read_sessions, _m.session_examples)
 
 SPLITS = ("train", "valid", "test")
 

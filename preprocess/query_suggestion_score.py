@@ -11,12 +11,12 @@ A missing example is an error, never a silently smaller test set.  Definitions:
 """
 import argparse
 import collections
-import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from query_suggestion_load import load_module  # noqa: E402
 
-from user_dir.modules.query_suggestion_metrics import score  # noqa: E402
+_m = load_module("query_suggestion_metrics")
+score = _m.score
 
 
 def read_generate_output(path, hyp_prefix="H"):

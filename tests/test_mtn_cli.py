@@ -1,7 +1,6 @@
 """MTN through the real CLIs: synthetic sessions → prepare → fairseq-train → fairseq-generate --nbest → scoring."""
 import os
 import re
-from argparse import Namespace
 
 import pytest
 
@@ -51,15 +50,6 @@ def test_train_generate_nbest_and_score(synthetic, tmp_path):
     assert bad.returncode != 0 and "no suggestion for 1 of" in bad.stderr
 
 
-def test_flat_transformer_baseline_reads_the_same_data(synthetic, tmp_path):
-    out = fairseq("train", synthetic / "bin", "--arch", "transformer", "--encoder-layers", 1, "--decoder-layers", 1,
-                  "--encoder-embed-dim", 16, "--decoder-embed-dim", 16, "--encoder-ffn-embed-dim", 32,
-                  "--decoder-ffn-embed-dim", 32, "--encoder-attention-heads", 2, "--decoder-attention-heads", 2,
-                  "--max-update", 3, "--save-dir", tmp_path, "--task", "translation", "--optimizer", "adam", "--lr", "1e-3", "--max-tokens", 2000, "--cpu",
-                  "--no-progress-bar", "--num-workers", 0, "--no-epoch-checkpoints", "--log-format", "simple")
-    assert "num_updates 3" in out.stdout
-
-
 def test_hydra_yaml(synthetic, tmp_path):
     run([tool("fairseq-hydra-train"), "--config-dir", "examples/mtn", "--config-name", "mtn_tiny",
          f"task.data={synthetic / 'bin'}", f"common.user_dir={os.path.abspath('user_dir')}",
@@ -85,7 +75,7 @@ def test_task_reads_raw_sessions(synthetic, tmp_path):
     data.mkdir()
     for name in ("dict.src.txt", "dict.tgt.txt"):
         (data / name).write_text((synthetic / "bin" / name).read_text())
-    first = (synthetic / "ses" / "test.ses").read_text().splitlines()[:3]
+    first = (synthetic / "ses" / "train.ses").read_text().splitlines()[:3]  # words all in the dictionary
     (data / "test.ses").write_text("\n".join(first) + "\n")
     task = _task(data)
     task.load_dataset("test")
