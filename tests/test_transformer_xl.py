@@ -192,3 +192,28 @@ def test_dictionary_mismatch_with_checkpoint():
 def test_cutoffs_must_increase():
     with pytest.raises(ValueError, match="strictly increasing"):
         _model("--cutoffs", "20,10")
+
+
+def test_cached_key_values_give_the_same_scores():
+    """Evaluation reuses the memory's key/value projections and W_kR R: same results as recomputing."""
+    for extra in ([], ["--pre-lnorm", "--same-length", "--clamp-len", 3]):
+        model, d = _model("--mem-len", 7, *extra)
+        ds = StreamDataset(_corpus(d, 60), 2, tokens_per_sample=4, pad=d.pad())
+        cached = _stream_scores(model, ds)
+        with torch.no_grad():
+            mems, recomputed = None, []
+            for i in range(len(ds)):
+                sample = ds.collater([ds[i]])
+                with torch.enable_grad():  # no caching with autograd on
+                    hid, mems, kv = model.decoder.extract_features(sample["net_input"]["src_tokens"], mems)
+                assert kv is None
+                recomputed.append(model.get_normalized_probs((hid.detach(), None), log_probs=True))
+        assert model.decoder._stream_mems["eval"]["kv"] is not None
+        flat = [lp for s in cached for _, lp in s]
+        ref = []
+        for b in range(2):
+            for i in range(len(ds)):
+                tgt = ds[i]["target"][b]
+                keep = tgt.ne(d.pad())
+                ref += recomputed[i][b][keep].gather(-1, tgt[keep].unsqueeze(-1)).squeeze(-1).tolist()
+        assert max(abs(x - y) for x, y in zip(flat, ref)) < 1e-5 and len(flat) == len(ref)

@@ -189,14 +189,24 @@ class TransformerXLDecoder(FairseqIncrementalDecoder):
                 out.append(cat[:, -self.mem_len:].detach())
         return out
 
+    def _kv_version(self):
+        """Changes whenever a weight that the cached key/value projections depend on changes."""
+        return tuple((layer.attn.qkv_net.weight._version, layer.attn.qkv_net.weight.data_ptr(),
+                      layer.attn.layer_norm.weight._version, layer.attn.layer_norm.bias._version)
+                     for layer in self.layers)
+
+    def _caching(self):
+        return not self.training and not torch.is_grad_enabled() and self.mem_len > 0
+
     def _stream_memory(self, stream_pos, bsz):
         slot = "train" if self.training else "eval"
         if int(stream_pos) == 0:
             self._stream_mems[slot] = None
-        mems = self._stream_mems.get(slot)
-        if mems is not None and mems[0].size(0) != bsz:
-            mems = None  # a different set of streams: start afresh
-        return slot, mems
+        state = self._stream_mems.get(slot)
+        if state is None or state["mems"][0].size(0) != bsz:
+            return slot, None, None  # a new (or a different set of) streams: start afresh
+        kv = state.get("kv") if state.get("kv_version") == self._kv_version() and self._caching() else None
+        return slot, state["mems"], kv
 
     # ----------------------------------------------------------------- forward
     def forward(self, src_tokens, src_lengths=None, incremental_state=None, encoder_out=None,
@@ -206,21 +216,27 @@ class TransformerXLDecoder(FairseqIncrementalDecoder):
         ``net_output[0]`` are the final hidden states: the adaptive softmax
         turns them into log-probabilities in :meth:`get_normalized_probs`.
         ``mems`` may be given explicitly (a list of (B, M, C) tensors)."""
-        slot = None
+        slot, kv = None, None
         if incremental_state is not None:
             mems = self.get_incremental_state(incremental_state, "mems")
+            kv = self.get_incremental_state(incremental_state, "kv") if self._caching() else None
             src_tokens = src_tokens[:, -1:]
         elif stream_pos is not None:
-            slot, mems = self._stream_memory(stream_pos, src_tokens.size(0))
-        hidden, new_mems = self.extract_features(src_tokens, mems)
+            slot, mems, kv = self._stream_memory(stream_pos, src_tokens.size(0))
+        hidden, new_mems, new_kv = self.extract_features(src_tokens, mems, kv)
         if incremental_state is not None:
             self.set_incremental_state(incremental_state, "mems", new_mems)
-        elif slot is not None:
-            self._stream_mems[slot] = new_mems
+            self.set_incremental_state(incremental_state, "kv", new_kv)
+        elif slot is not None and new_mems is not None:
+            self._stream_mems[slot] = {"mems": new_mems, "kv": new_kv, "kv_version": self._kv_version()}
         return hidden, {"mems": new_mems, "attn": [None]}
 
-    def extract_features(self, tokens, mems=None):
-        """``MemTransformerLM._forward`` + ``_update_mems`` for one segment."""
+    def extract_features(self, tokens, mems=None, kv=None):
+        """``MemTransformerLM._forward`` + ``_update_mems`` for one segment.
+
+        ``kv``: cached key/value projections of ``mems`` (evaluation only: same
+        results, without recomputing them).  Returns the last hidden states,
+        the new memory and (when caching) the new key/value cache."""
         if mems is not None and len(mems) == 0:
             mems = None
         bsz, qlen = tokens.shape
@@ -230,12 +246,15 @@ class TransformerXLDecoder(FairseqIncrementalDecoder):
         mask = attention_mask(qlen, mlen, self.mem_len, self.same_length, device=tokens.device)
         r = self.dropout(self.pos(klen, self.clamp_len, dtype=emb.dtype))
         h = self.dropout(emb)
-        hids = []
+        hids, kvs = [], []
         for i, layer in enumerate(self.layers):
             hids.append(h)
-            h = layer(h, r, mask, None if mems is None else mems[i], self.r_w_bias, self.r_r_bias)
+            h, kv_i = layer(h, r, mask, None if mems is None else mems[i], self.r_w_bias, self.r_r_bias,
+                            memory_kv=None if kv is None else kv[i])
+            kvs.append(kv_i)
         h = self.dropout(h)
-        return h, self.update_memory(hids, mems)
+        new_kv = [k[:, -self.mem_len:] for k in kvs] if self._caching() else None
+        return h, self.update_memory(hids, mems), new_kv
 
     def output_layer(self, features, **kwargs):
         return features
@@ -248,9 +267,10 @@ class TransformerXLDecoder(FairseqIncrementalDecoder):
         return self.cfg.max_target_positions
 
     def reorder_incremental_state(self, incremental_state, new_order):
-        mems = self.get_incremental_state(incremental_state, "mems")
-        if mems is not None:
-            self.set_incremental_state(incremental_state, "mems", [m.index_select(0, new_order) for m in mems])
+        for key in ("mems", "kv"):
+            state = self.get_incremental_state(incremental_state, key)
+            if state is not None:
+                self.set_incremental_state(incremental_state, key, [m.index_select(0, new_order) for m in state])
 
 
 def _preset(name, **values):

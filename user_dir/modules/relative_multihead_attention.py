@@ -46,6 +46,17 @@ class RelativeSinusoid(nn.Module):
         self.register_buffer("inv_freq", inv_freq, persistent=False)
 
     def forward(self, klen: int, clamp_len: int = -1, dtype=None):
+        if self.training:
+            return self._compute(klen, clamp_len, dtype)
+        key = (klen, clamp_len, dtype, self.inv_freq.device)
+        cache = self.__dict__.setdefault("_cache", {})
+        if key not in cache:  # evaluation: the same R object for the same lengths (see _position_keys)
+            if len(cache) >= 8:
+                cache.clear()
+            cache[key] = self._compute(klen, clamp_len, dtype)
+        return cache[key]
+
+    def _compute(self, klen, clamp_len, dtype):
         pos_seq = torch.arange(klen - 1, -1, -1.0, device=self.inv_freq.device)
         if clamp_len > 0:
             pos_seq = pos_seq.clamp(max=clamp_len)
@@ -117,9 +128,15 @@ class RelativeMultiheadAttention(nn.Module):
             self.r_w_bias = self.r_r_bias = None
 
     def forward(self, h, r, mask, memory: Optional[torch.Tensor] = None,
-                r_w_bias: Optional[torch.Tensor] = None, r_r_bias: Optional[torch.Tensor] = None):
+                r_w_bias: Optional[torch.Tensor] = None, r_r_bias: Optional[torch.Tensor] = None,
+                memory_kv: Optional[torch.Tensor] = None):
         """``h``: (B, T, C) segment; ``r``: (K, C) relative encodings for the
-        ``K = M + T`` keys; ``mask``: (T, K) bool; ``memory``: (B, M, C) or None."""
+        ``K = M + T`` keys; ``mask``: (T, K) bool; ``memory``: (B, M, C) or None.
+
+        ``memory_kv`` (B, M, 2·H·D): the key/value projections of ``memory``
+        from an earlier call with the same weights (evaluation/generation
+        only); they are then not recomputed.  Returns the output (B, T, C)
+        and the key/value projections of memory + segment (B, K, 2·H·D)."""
         u = self.r_w_bias if self.r_w_bias is not None else r_w_bias
         v = self.r_r_bias if self.r_r_bias is not None else r_r_bias
         B, T, _ = h.shape
@@ -133,9 +150,13 @@ class RelativeMultiheadAttention(nn.Module):
         w = self.qkv_net.weight
         # queries only for the segment; keys and values for memory + segment
         q = F.linear(h_in, w[: H * D]).view(B, T, H, D).transpose(1, 2)
-        kv = F.linear(cat_in, w[H * D:]).view(B, K, 2, H, D)
+        if memory_kv is not None and memory_kv.size(1) == K - T:
+            kv_flat = torch.cat([memory_kv, F.linear(h_in, w[H * D:])], dim=1)
+        else:
+            kv_flat = F.linear(cat_in, w[H * D:])
+        kv = kv_flat.view(B, K, 2, H, D)
         k, val = kv[:, :, 0].transpose(1, 2), kv[:, :, 1].transpose(1, 2)
-        r_k = self.r_net(r).view(K, H, D).permute(1, 2, 0)  # (H, D, K)
+        r_k = self._position_keys(r).view(K, H, D).permute(1, 2, 0)  # (H, D, K)
 
         # (b)+(d): (q + v) W_kR R, shifted so that column j holds distance i-j
         bd = rel_shift(torch.matmul(q + v.unsqueeze(1), r_k))  # (B, H, T, K)
@@ -147,7 +168,17 @@ class RelativeMultiheadAttention(nn.Module):
         )
         out = self.o_net(attn.transpose(1, 2).reshape(B, T, H * D))
         out = self.dropout(out)
-        return h + out if self.pre_norm else self.layer_norm(h + out)
+        return (h + out if self.pre_norm else self.layer_norm(h + out)), kv_flat
+
+    def _position_keys(self, r):
+        """``W_kR R``; in evaluation the result is reused while ``R`` and the weights stay the same."""
+        if self.training or torch.is_grad_enabled():
+            return self.r_net(r)
+        version = (self.r_net.weight._version, self.r_net.weight.data_ptr())
+        cached = getattr(self, "_r_cache", None)  # (r, weight version, W_kR R); holding r keeps it unique
+        if cached is None or cached[0] is not r or cached[1] != version:
+            self._r_cache = cached = (r, version, self.r_net(r))
+        return cached[2]
 
 
 class PositionwiseFF(nn.Module):
@@ -177,5 +208,7 @@ class TransformerXLLayer(nn.Module):
                                                pre_norm, layer_norm_eps, own_biases)
         self.ff = PositionwiseFF(embed_dim, ffn_dim, dropout, pre_norm, layer_norm_eps)
 
-    def forward(self, h, r, mask, memory=None, r_w_bias=None, r_r_bias=None):
-        return self.ff(self.attn(h, r, mask, memory, r_w_bias, r_r_bias))
+    def forward(self, h, r, mask, memory=None, r_w_bias=None, r_r_bias=None, memory_kv=None):
+        """Returns the layer output and the attention's key/value projections of memory + segment."""
+        out, kv = self.attn(h, r, mask, memory, r_w_bias, r_r_bias, memory_kv)
+        return self.ff(out), kv
