@@ -217,3 +217,25 @@ def test_cached_key_values_give_the_same_scores():
                 keep = tgt.ne(d.pad())
                 ref += recomputed[i][b][keep].gather(-1, tgt[keep].unsqueeze(-1)).squeeze(-1).tolist()
         assert max(abs(x - y) for x, y in zip(flat, ref)) < 1e-5 and len(flat) == len(ref)
+
+
+def test_task_iterator_is_ordered_sharded_and_resets_each_epoch(toy_lm_bin):
+    cfg = SimpleNamespace(data=toy_lm_bin, tokens_per_sample=8, batch_size=3, batch_size_valid=None)
+    task = BPTTLanguageModelingTask.setup_task(cfg)
+    task.load_dataset("train")
+    ds = task.dataset("train")
+    per_worker = []
+    for rank in range(2):
+        epoch_itr = task.get_batch_iterator(ds, num_shards=2, shard_id=rank, epoch=1)
+        first = [s["net_input"]["stream_pos"] for s in epoch_itr.next_epoch_itr(shuffle=True)]
+        second = [s["target"] for s in epoch_itr.next_epoch_itr(shuffle=True)]
+        assert first == list(range(len(first)))  # in order, never shuffled
+        per_worker.append((first, second))
+    assert len(per_worker[0][0]) == len(per_worker[1][0])  # same number of batches on every worker
+    assert not torch.equal(per_worker[0][1][0], per_worker[1][1][0])  # each worker its own streams
+    model, _ = _model("--mem-len", 4, dictionary=task.dictionary)
+    model(**ds.collater([ds[0]])["net_input"])
+    task.begin_epoch(2, model)
+    assert model.decoder._stream_mems == {}
+    with pytest.raises(ValueError, match="--context-window is not used"):
+        task.eval_lm_dataloader(ds, context_window=5)

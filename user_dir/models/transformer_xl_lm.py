@@ -48,7 +48,8 @@ from fairseq.models import (FairseqIncrementalDecoder, FairseqLanguageModel, reg
 from fairseq.modules import FairseqDropout
 
 from ..modules.projected_adaptive import AdaptiveEmbedding, ProjectedAdaptiveLogSoftmax
-from ..modules.relative_multihead_attention import RelativeSinusoid, TransformerXLLayer, attention_mask
+from ..modules.relative_multihead_attention import (RelativeSinusoid, TransformerXLLayer, additive_mask,
+                                                     attention_mask)
 
 logger = logging.getLogger(__name__)
 
@@ -243,7 +244,8 @@ class TransformerXLDecoder(FairseqIncrementalDecoder):
         mlen = mems[0].size(1) if mems is not None else 0
         klen = mlen + qlen
         emb = self.embed(tokens)
-        mask = attention_mask(qlen, mlen, self.mem_len, self.same_length, device=tokens.device)
+        mask = additive_mask(attention_mask(qlen, mlen, self.mem_len, self.same_length, device=tokens.device),
+                             emb.dtype)
         r = self.dropout(self.pos(klen, self.clamp_len, dtype=emb.dtype))
         h = self.dropout(emb)
         hids, kvs = [], []

@@ -98,6 +98,11 @@ def attention_mask(qlen: int, mlen: int, mem_len: int, same_length: bool, device
     return mask
 
 
+def additive_mask(mask: torch.Tensor, dtype=torch.float32) -> torch.Tensor:
+    """The boolean mask of :func:`attention_mask` as 0 / -inf to add to the scores."""
+    return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(mask, float("-inf"))
+
+
 class RelativeMultiheadAttention(nn.Module):
     """One Transformer-XL attention sub-layer (attention + residual + LayerNorm).
 
@@ -131,7 +136,7 @@ class RelativeMultiheadAttention(nn.Module):
                 r_w_bias: Optional[torch.Tensor] = None, r_r_bias: Optional[torch.Tensor] = None,
                 memory_kv: Optional[torch.Tensor] = None):
         """``h``: (B, T, C) segment; ``r``: (K, C) relative encodings for the
-        ``K = M + T`` keys; ``mask``: (T, K) bool; ``memory``: (B, M, C) or None.
+        ``K = M + T`` keys; ``mask``: (T, K), bool (True: hidden) or additive; ``memory``: (B, M, C) or None.
 
         ``memory_kv`` (B, M, 2·H·D): the key/value projections of ``memory``
         from an earlier call with the same weights (evaluation/generation
@@ -141,26 +146,28 @@ class RelativeMultiheadAttention(nn.Module):
         v = self.r_r_bias if self.r_r_bias is not None else r_r_bias
         B, T, _ = h.shape
         H, D = self.num_heads, self.head_dim
-        cat = h if memory is None or memory.size(1) == 0 else torch.cat([memory, h], dim=1)
-        K = cat.size(1)
-        if self.pre_norm:
-            h_in, cat_in = self.layer_norm(h), self.layer_norm(cat)
-        else:
-            h_in, cat_in = h, cat
+        M = 0 if memory is None else memory.size(1)
+        K = M + T
+        h_in = self.layer_norm(h) if self.pre_norm else h
         w = self.qkv_net.weight
         # queries only for the segment; keys and values for memory + segment
         q = F.linear(h_in, w[: H * D]).view(B, T, H, D).transpose(1, 2)
-        if memory_kv is not None and memory_kv.size(1) == K - T:
+        if M == 0:
+            kv_flat = F.linear(h_in, w[H * D:])
+        elif memory_kv is not None and memory_kv.size(1) == M:
             kv_flat = torch.cat([memory_kv, F.linear(h_in, w[H * D:])], dim=1)
         else:
-            kv_flat = F.linear(cat_in, w[H * D:])
+            cat = torch.cat([memory, h], dim=1)
+            kv_flat = F.linear(self.layer_norm(cat) if self.pre_norm else cat, w[H * D:])
         kv = kv_flat.view(B, K, 2, H, D)
         k, val = kv[:, :, 0].transpose(1, 2), kv[:, :, 1].transpose(1, 2)
         r_k = self._position_keys(r).view(K, H, D).permute(1, 2, 0)  # (H, D, K)
 
         # (b)+(d): (q + v) W_kR R, shifted so that column j holds distance i-j
-        bd = rel_shift(torch.matmul(q + v.unsqueeze(1), r_k))  # (B, H, T, K)
-        bias = (bd * self.scale).masked_fill(mask, float("-inf"))
+        bd = rel_shift(torch.matmul(q + v.unsqueeze(1), r_k))  # (B, H, T, K), a fresh tensor
+        if mask.dtype == torch.bool:
+            mask = additive_mask(mask, bd.dtype)
+        bias = bd.mul_(self.scale).add_(mask)
         # (a)+(c): (q + u) k^T, plus the positional bias, scaled, softmax, dropatt
         attn = F.scaled_dot_product_attention(
             q + u.unsqueeze(1), k, val, attn_mask=bias,
