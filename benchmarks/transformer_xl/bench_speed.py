@@ -178,13 +178,18 @@ def _memory_child(args):
     d = dictionary(args)
     torch.manual_seed(0)
     model = txl(d, args.mem_len)
-    batches = stream_batches(d, args.steps, args.bsz, args.tgt_len)
+    n_fill = -(-args.mem_len // args.tgt_len)  # segments that fill the memory
+    batches = stream_batches(d, 1 + n_fill + args.steps, args.bsz, args.tgt_len)
     train_steps(model, batches[:1], True)  # allocate optimiser state etc.
+    with torch.no_grad():  # fill the memory (training mode, no backward)
+        for sample in batches[1:1 + n_fill]:
+            model(**sample["net_input"])
     before = int(open("/proc/self/statm").read().split()[1]) * os.sysconf("SC_PAGE_SIZE") // 1024
     rusage_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    train_steps(model, batches[1:], True)
+    train_steps(model, batches[1 + n_fill:], True)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    mem_state = sum(m.numel() * m.element_size() for m in model.decoder._stream_mems["train"]) // 1024
+    state = model.decoder._stream_mems.get("train") or {"mems": []}
+    mem_state = sum(m.numel() * m.element_size() for m in state["mems"]) // 1024
     print(json.dumps({"mem_len": args.mem_len, "peak_rss_mb": round(peak / 1024, 1),
                       "rss_before_mb": round(before / 1024, 1),
                       "step_peak_over_resident_mb": round((peak - min(before, rusage_before)) / 1024, 1),

@@ -54,6 +54,7 @@ for split in valid test; do
   evaluate txl_mem70 "$split" --task bptt_lm
   EVAL_TAG=" (eval mem $EVAL_MEM, same_length)" evaluate txl_mem70 "$split" --task bptt_lm \
     --model-overrides "{\"mem_len\":$EVAL_MEM,\"same_length\":True}"
+  EVAL_TAG=" (eval mem 0)" evaluate txl_mem70 "$split" --task bptt_lm --model-overrides '{"mem_len":0}'
   evaluate txl_mem0 "$split" --task bptt_lm
   evaluate transformer_lm "$split" --task language_modeling --sample-break-mode none
 done

@@ -246,13 +246,22 @@ class BPTTLanguageModelingTask(FairseqTask):
 
     def inference_step(self, generator, models, sample, prefix_tokens=None, constraints=None):
         """Continues each prompt: generation starts from ``</s>`` with the prompt forced as a prefix,
-        so the prompt goes into the memory (the incremental state) token by token."""
+        so the prompt goes into the memory (the incremental state) token by token.  ``--max-len-b``
+        counts the tokens generated after the prompt (``--max-len-a`` is at least 1 here)."""
         with torch.no_grad():
             if constraints is not None:
                 raise NotImplementedError("bptt_lm does not support constrained generation")
             if prefix_tokens is None and sample["net_input"]["src_tokens"].nelement():
                 prefix_tokens = sample["net_input"]["src_tokens"]
-            return generator.generate(models, sample, prefix_tokens=prefix_tokens, bos_token=self.dictionary.eos())
+            max_len_a = getattr(generator, "max_len_a", None)
+            if max_len_a is not None and max_len_a < 1:
+                generator.max_len_a = 1
+            try:
+                return generator.generate(models, sample, prefix_tokens=prefix_tokens,
+                                          bos_token=self.dictionary.eos())
+            finally:
+                if max_len_a is not None:
+                    generator.max_len_a = max_len_a
 
     @property
     def source_dictionary(self):
