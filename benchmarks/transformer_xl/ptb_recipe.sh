@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# PTB (word level) recipe: transformer_xl_lm with memory, the same model with mem_len 0, and fairseq's
+# transformer_lm of equal size (4 layers, d 256, 4 heads x 64, FFN 1024, tied embeddings, dropout 0.3),
+# the same number of updates of batch 16 x 70 tokens, Adam + cosine schedule.  Prints valid/test perplexity.
+#
+#   benchmarks/transformer_xl/ptb_recipe.sh                  # full budget: MAX_UPDATE=1200 (~20 min CPU)
+#   MAX_UPDATE=150 benchmarks/transformer_xl/ptb_recipe.sh   # reduced budget
+#
+# Variables: PYTHON, PTB (raw data dir), WORK (outputs), MAX_UPDATE, LR, EVAL_MEM (extra evaluation memory).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+
+PYTHON=${PYTHON:-/work/main/.venv/bin/python}
+BIN=$(dirname "$PYTHON")
+PTB=${PTB:-../shared/data/ptb}
+WORK=${WORK:-benchmarks/work/ptb}
+MAX_UPDATE=${MAX_UPDATE:-1200}
+LR=${LR:-0.001}
+EVAL_MEM=${EVAL_MEM:-280}
+WARMUP=$(( MAX_UPDATE / 20 ))
+DATA=$WORK/bin
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} MKL_NUM_THREADS=${MKL_NUM_THREADS:-1}
+mkdir -p "$WORK"
+[ -f "$DATA/dict.txt" ] || "$PYTHON" preprocess/ptb_lm.py --ptb "$PTB" --dest "$DATA" >&2
+
+COMMON=(--optimizer adam --adam-betas "(0.9,0.999)" --lr "$LR" --lr-scheduler cosine --warmup-updates "$WARMUP"
+        --warmup-init-lr 1e-7 --min-lr 0 --clip-norm 0.25 --max-update "$MAX_UPDATE" --batch-size 16
+        --tokens-per-sample 70 --criterion cross_entropy --seed 1 --cpu --num-workers 0 --no-progress-bar
+        --log-format simple --log-interval 50 --no-epoch-checkpoints --disable-validation --user-dir user_dir)
+TXL=(--task bptt_lm --arch transformer_xl_lm_ptb_small --dropout 0.3)
+
+train() {  # name, args...
+  local name=$1; shift
+  local start=$(date +%s)
+  "$BIN/fairseq-train" "$DATA" --save-dir "$WORK/$name" "${COMMON[@]}" "$@" > "$WORK/$name.train.log" 2>&1
+  echo "$name: $(( $(date +%s) - start )) s for $MAX_UPDATE updates" >&2
+}
+
+evaluate() {  # name, split, task args...
+  local name=$1 split=$2; shift 2
+  "$BIN/fairseq-eval-lm" "$DATA" --path "$WORK/$name/checkpoint_last.pt" --gen-subset "$split" --batch-size 10 \
+    --tokens-per-sample 70 --cpu --num-workers 0 --user-dir user_dir "$@" > "$WORK/$name.$split.log" 2>&1
+  printf '%-34s %-5s %s\n' "$name${EVAL_TAG:-}" "$split" "$(grep -o 'Perplexity: [0-9.]*' "$WORK/$name.$split.log")"
+}
+
+train txl_mem70 "${TXL[@]}" --mem-len 70
+train txl_mem0 "${TXL[@]}" --mem-len 0
+train transformer_lm --task language_modeling --sample-break-mode none --arch transformer_lm \
+  --decoder-layers 4 --decoder-embed-dim 256 --decoder-ffn-embed-dim 1024 --decoder-attention-heads 4 \
+  --share-decoder-input-output-embed --dropout 0.3
+
+echo "model                              split perplexity (after $MAX_UPDATE updates)"
+for split in valid test; do
+  evaluate txl_mem70 "$split" --task bptt_lm
+  EVAL_TAG=" (eval mem $EVAL_MEM, same_length)" evaluate txl_mem70 "$split" --task bptt_lm \
+    --model-overrides "{\"mem_len\":$EVAL_MEM,\"same_length\":True}"
+  EVAL_TAG=" (eval mem 0)" evaluate txl_mem70 "$split" --task bptt_lm --model-overrides '{"mem_len":0}'
+  evaluate txl_mem0 "$split" --task bptt_lm
+  evaluate transformer_lm "$split" --task language_modeling --sample-break-mode none
+done

@@ -1,0 +1,90 @@
+"""End to end through the real CLIs: fairseq-train (bptt_lm) -> fairseq-eval-lm with a longer
+memory -> fairseq-interactive (beam search) and hub sample(); one fairseq-hydra-train run."""
+import os
+import re
+import shutil
+
+import pytest
+
+from tests.helpers.cli import ROOT, USER_DIR, fairseq, run, tool
+
+TINY = ["--n-layer", 1, "--d-model", 16, "--n-head", 2, "--d-head", 8, "--d-inner", 32]
+COMMON = ["--no-progress-bar", "--log-format", "simple", "--cpu", "--num-workers", 0, "--seed", 1]
+
+
+@pytest.fixture(scope="module")
+def trained(toy_lm_bin, tmp_path_factory):
+    save = tmp_path_factory.mktemp("txl_ckpt")
+    fairseq("train", toy_lm_bin, "--task", "bptt_lm", "--tokens-per-sample", 16, "--batch-size", 4,
+            "--arch", "transformer_xl_lm", *TINY, "--mem-len", 16, "--cutoffs", "40", "--div-val", 2,
+            "--optimizer", "adam", "--lr", "3e-3", "--max-update", 8, "--save-dir", save,
+            "--no-epoch-checkpoints", *COMMON)
+    return toy_lm_bin, os.path.join(save, "checkpoint_last.pt")
+
+
+def _eval_lm(data, ckpt, *extra, check=True):
+    proc = fairseq("eval-lm", data, "--task", "bptt_lm", "--path", ckpt, "--gen-subset", "test",
+                   "--tokens-per-sample", 64, "--cpu", "--num-workers", 0, *extra, check=check)
+    return proc
+
+
+def _parse(proc):
+    text = proc.stdout + proc.stderr
+    n = int(re.search(r"Evaluated ([\d,]+) tokens", text).group(1).replace(",", ""))
+    ppl = float(re.search(r"Perplexity: ([\d.]+)", text).group(1))
+    return n, ppl
+
+
+def _count_tokens(data, split):
+    from fairseq.data import Dictionary, data_utils
+
+    d = Dictionary.load(os.path.join(data, "dict.txt"))
+    ds = data_utils.load_indexed_dataset(os.path.join(data, split), d)
+    return sum(len(ds[i]) for i in range(len(ds)))
+
+
+def test_eval_lm_with_longer_memory_scores_every_token(trained):
+    data, ckpt = trained
+    n_test = _count_tokens(data, "test")
+    long_mem = _eval_lm(data, ckpt, "--batch-size", 1, "--model-overrides",
+                        '{"mem_len":640,"clamp_len":400,"same_length":True}')
+    no_mem = _eval_lm(data, ckpt, "--batch-size", 3, "--model-overrides", '{"mem_len":0}')
+    (n1, ppl1), (n2, ppl2) = _parse(long_mem), _parse(no_mem)
+    assert n1 == n2 == n_test  # every token once, whatever the batch size
+    assert ppl1 != ppl2  # the memory changes the scores
+
+
+def test_interactive_beam_search_and_hub_sample(trained):
+    data, ckpt = trained
+    proc = run([tool("fairseq-interactive"), data, "--task", "bptt_lm", "--path", ckpt, "--beam", 3, "--nbest", 2,
+                "--max-len-b", 6, "--cpu", "--user-dir", USER_DIR], input="die kinder\neinige maenner sagen\n")
+    hyps = [line for line in proc.stdout.splitlines() if line.startswith("H-")]
+    assert len(hyps) == 4, proc.stdout[-2000:]
+    assert all(len(h.split("\t")[2].split()) > 2 for h in hyps)
+
+    from user_dir.models.transformer_xl_lm import TransformerXLLanguageModel
+
+    hub = TransformerXLLanguageModel.from_pretrained(os.path.dirname(ckpt), checkpoint_file=os.path.basename(ckpt),
+                                                     data_name_or_path=data, cpu=True)
+    out = hub.sample("die kinder", beam=2, max_len_b=5)
+    assert out.startswith("die kinder") and len(out.split()) > 2
+
+
+def test_dictionary_mismatch_is_reported(trained, tmp_path):
+    data, ckpt = trained
+    other = tmp_path / "bin"
+    shutil.copytree(data, other)
+    with open(other / "dict.txt", "a") as f:
+        f.write("".join(f"extra{i} 1\n" for i in range(20)))
+    proc = _eval_lm(str(other), ckpt, "--batch-size", 1, check=False)
+    assert proc.returncode != 0
+    assert "dictionary mismatch" in proc.stderr and str(other / "dict.txt") in proc.stderr, proc.stderr[-2000:]
+
+
+def test_hydra_train_ptb_small_yaml(toy_lm_bin, tmp_path):
+    run([tool("fairseq-hydra-train"), "--config-dir", os.path.join(ROOT, "examples", "transformer_xl"),
+         "--config-name", "ptb_small", f"task.data={toy_lm_bin}", f"common.user_dir={USER_DIR}",
+         "task.tokens_per_sample=8", "dataset.batch_size=4", "model.n_layer=1", "model.d_model=16", "model.n_head=2",
+         "model.d_head=8", "model.d_inner=32", "model.mem_len=8", "optimization.max_update=3", "common.cpu=true",
+         f"checkpoint.save_dir={tmp_path}", "dataset.num_workers=0", f"hydra.run.dir={tmp_path}/hydra"])
+    assert os.path.exists(tmp_path / "checkpoint_last.pt")

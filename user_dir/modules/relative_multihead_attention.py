@@ -1,0 +1,221 @@
+"""Transformer-XL relative positional attention (Dai et al., ACL 2019, Sec. 3.3).
+
+The attention score between query position ``i`` and key position ``j`` is
+the sum of four terms (paper Eq. in Sec. 3.3)::
+
+    A_ij = q_i^T k_j          (a) content addressing
+         + q_i^T W_kR R_{i-j} (b) content-dependent positional bias
+         + u^T k_j            (c) global content bias
+         + v^T W_kR R_{i-j}   (d) global positional bias
+
+computed as in the official code (``RelPartialLearnableMultiHeadAttn``):
+``(a)+(c) = (q + u) k^T`` and ``(b)+(d) = rel_shift((q + v) (W_kR R)^T)``,
+the sum scaled by ``1/sqrt(d_head)``.  ``R`` is the sinusoid of
+:class:`RelativeSinusoid` (no parameters), evaluated at the distances
+``klen-1, ..., 0``.  Keys and values are computed from ``[SG(memory) ∘ h]``
+(Sec. 3.2); queries only from ``h``.  Projections have no bias; the output
+goes through dropout, the residual connection and LayerNorm (post-norm,
+the reference default) or the LayerNorm is applied to the inputs
+(``pre_norm``).
+
+Tensors are batch-first here: hidden states ``(B, T, C)``, memory
+``(B, M, C)``, scores ``(B, H, T, M+T)``.
+"""
+import math
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from fairseq.modules import FairseqDropout
+
+
+class RelativeSinusoid(nn.Module):
+    """The relative position matrix ``R`` of the paper (Sec. 3.3).
+
+    Like the reference: the frequencies are ``1/10000^(2k/d)`` and the
+    encoding is the concatenation ``[sin | cos]`` (not interleaved).
+    Distances larger than ``clamp_len`` (when > 0) are clamped.
+    """
+
+    def __init__(self, dim):
+        super().__init__()
+        self.dim = dim
+        inv_freq = 1.0 / (10000 ** (torch.arange(0.0, dim, 2.0) / dim))
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
+
+    def forward(self, klen: int, clamp_len: int = -1, dtype=None):
+        if self.training:
+            return self._compute(klen, clamp_len, dtype)
+        key = (klen, clamp_len, dtype, self.inv_freq.device)
+        cache = self.__dict__.setdefault("_cache", {})
+        if key not in cache:  # evaluation: the same R object for the same lengths (see _position_keys)
+            if len(cache) >= 8:
+                cache.clear()
+            cache[key] = self._compute(klen, clamp_len, dtype)
+        return cache[key]
+
+    def _compute(self, klen, clamp_len, dtype):
+        pos_seq = torch.arange(klen - 1, -1, -1.0, device=self.inv_freq.device)
+        if clamp_len > 0:
+            pos_seq = pos_seq.clamp(max=clamp_len)
+        angles = torch.outer(pos_seq, self.inv_freq)
+        out = torch.cat([angles.sin(), angles.cos()], dim=-1)
+        return out if dtype is None else out.to(dtype)
+
+
+def rel_shift(x: torch.Tensor) -> torch.Tensor:
+    """The reference's ``_rel_shift`` on the last two dims ``(qlen, klen)``.
+
+    With the relative encodings ordered from distance ``klen-1`` down to 0,
+    the output at ``[i, j]`` holds distance ``(mlen + i) - j`` for every
+    ``j <= mlen + i``; the other entries are junk that the causal mask hides.
+    """
+    *lead, qlen, klen = x.shape
+    padded = F.pad(x, (1, 0))  # zero column in front of the key axis
+    padded = padded.view(*lead, klen + 1, qlen)
+    return padded[..., 1:, :].reshape(*lead, qlen, klen)
+
+
+def attention_mask(qlen: int, mlen: int, mem_len: int, same_length: bool, device=None) -> torch.Tensor:
+    """Boolean ``(qlen, mlen+qlen)`` mask, True where a key is hidden.
+
+    Standard: query ``i`` sees keys ``j <= i + mlen`` (causal over memory +
+    segment).  ``same_length`` (used by the reference at evaluation): every
+    query sees the same number of keys, ``mem_len``, ending at itself -- the
+    reference's ``triu(1+mlen) + tril(-mask_shift_len)`` window.  It is only
+    applied when ``mem_len > 0`` (with ``mem_len == 0`` the reference's
+    window would hide every key).
+    """
+    klen = mlen + qlen
+    ones = torch.ones(qlen, klen, dtype=torch.bool, device=device)
+    mask = torch.triu(ones, diagonal=1 + mlen)
+    if same_length and mem_len > 0:
+        mask_len = klen - mem_len
+        mask_shift_len = qlen - mask_len if mask_len > 0 else qlen
+        mask = mask | torch.tril(ones, diagonal=-mask_shift_len)
+    return mask
+
+
+def additive_mask(mask: torch.Tensor, dtype=torch.float32) -> torch.Tensor:
+    """The boolean mask of :func:`attention_mask` as 0 / -inf to add to the scores."""
+    return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(mask, float("-inf"))
+
+
+class RelativeMultiheadAttention(nn.Module):
+    """One Transformer-XL attention sub-layer (attention + residual + LayerNorm).
+
+    ``r_w_bias`` (u) and ``r_r_bias`` (v) are either this layer's own
+    parameters (``untie_r``) or shared ones passed in by the decoder.
+    Parameters keep the reference's layout: ``qkv_net`` is one fused
+    ``(3·H·D, C)`` projection without bias, ``r_net`` ``(H·D, C)`` and
+    ``o_net`` ``(C, H·D)``, all without bias.
+    """
+
+    def __init__(self, embed_dim, num_heads, head_dim, dropout=0.0, attention_dropout=0.0,
+                 pre_norm=False, layer_norm_eps=1e-5, own_biases=True):
+        super().__init__()
+        self.embed_dim, self.num_heads, self.head_dim = embed_dim, num_heads, head_dim
+        inner = num_heads * head_dim
+        self.qkv_net = nn.Linear(embed_dim, 3 * inner, bias=False)
+        self.r_net = nn.Linear(embed_dim, inner, bias=False)
+        self.o_net = nn.Linear(inner, embed_dim, bias=False)
+        self.layer_norm = nn.LayerNorm(embed_dim, eps=layer_norm_eps)
+        self.dropout = FairseqDropout(dropout, module_name=self.__class__.__name__)
+        self.attention_dropout = attention_dropout
+        self.pre_norm = pre_norm
+        self.scale = 1.0 / math.sqrt(head_dim)
+        if own_biases:
+            self.r_w_bias = nn.Parameter(torch.zeros(num_heads, head_dim))
+            self.r_r_bias = nn.Parameter(torch.zeros(num_heads, head_dim))
+        else:
+            self.r_w_bias = self.r_r_bias = None
+
+    def forward(self, h, r, mask, memory: Optional[torch.Tensor] = None,
+                r_w_bias: Optional[torch.Tensor] = None, r_r_bias: Optional[torch.Tensor] = None,
+                memory_kv: Optional[torch.Tensor] = None):
+        """``h``: (B, T, C) segment; ``r``: (K, C) relative encodings for the
+        ``K = M + T`` keys; ``mask``: (T, K), bool (True: hidden) or additive; ``memory``: (B, M, C) or None.
+
+        ``memory_kv`` (B, M, 2·H·D): the key/value projections of ``memory``
+        from an earlier call with the same weights (evaluation/generation
+        only); they are then not recomputed.  Returns the output (B, T, C)
+        and the key/value projections of memory + segment (B, K, 2·H·D)."""
+        u = self.r_w_bias if self.r_w_bias is not None else r_w_bias
+        v = self.r_r_bias if self.r_r_bias is not None else r_r_bias
+        B, T, _ = h.shape
+        H, D = self.num_heads, self.head_dim
+        M = 0 if memory is None else memory.size(1)
+        K = M + T
+        h_in = self.layer_norm(h) if self.pre_norm else h
+        w = self.qkv_net.weight
+        # queries only for the segment; keys and values for memory + segment
+        q = F.linear(h_in, w[: H * D]).view(B, T, H, D).transpose(1, 2)
+        if M == 0:
+            kv_flat = F.linear(h_in, w[H * D:])
+        elif memory_kv is not None and memory_kv.size(1) == M:
+            kv_flat = torch.cat([memory_kv, F.linear(h_in, w[H * D:])], dim=1)
+        else:
+            cat = torch.cat([memory, h], dim=1)
+            kv_flat = F.linear(self.layer_norm(cat) if self.pre_norm else cat, w[H * D:])
+        kv = kv_flat.view(B, K, 2, H, D)
+        k, val = kv[:, :, 0].transpose(1, 2), kv[:, :, 1].transpose(1, 2)
+        r_k = self._position_keys(r).view(K, H, D).permute(1, 2, 0)  # (H, D, K)
+
+        # (b)+(d): (q + v) W_kR R, shifted so that column j holds distance i-j
+        bd = rel_shift(torch.matmul(q + v.unsqueeze(1), r_k))  # (B, H, T, K), a fresh tensor
+        if mask.dtype == torch.bool:
+            mask = additive_mask(mask, bd.dtype)
+        bias = bd.mul_(self.scale).add_(mask)
+        # (a)+(c): (q + u) k^T, plus the positional bias, scaled, softmax, dropatt
+        attn = F.scaled_dot_product_attention(
+            q + u.unsqueeze(1), k, val, attn_mask=bias,
+            dropout_p=self.attention_dropout if self.training else 0.0, scale=self.scale,
+        )
+        out = self.o_net(attn.transpose(1, 2).reshape(B, T, H * D))
+        out = self.dropout(out)
+        return (h + out if self.pre_norm else self.layer_norm(h + out)), kv_flat
+
+    def _position_keys(self, r):
+        """``W_kR R``; in evaluation the result is reused while ``R`` and the weights stay the same."""
+        if self.training or torch.is_grad_enabled():
+            return self.r_net(r)
+        version = (self.r_net.weight._version, self.r_net.weight.data_ptr())
+        cached = getattr(self, "_r_cache", None)  # (r, weight version, W_kR R); holding r keeps it unique
+        if cached is None or cached[0] is not r or cached[1] != version:
+            self._r_cache = cached = (r, version, self.r_net(r))
+        return cached[2]
+
+
+class PositionwiseFF(nn.Module):
+    """Position-wise feed-forward sub-layer with residual and LayerNorm (post- or pre-norm)."""
+
+    def __init__(self, embed_dim, ffn_dim, dropout=0.0, pre_norm=False, layer_norm_eps=1e-5):
+        super().__init__()
+        self.fc1 = nn.Linear(embed_dim, ffn_dim)
+        self.fc2 = nn.Linear(ffn_dim, embed_dim)
+        self.layer_norm = nn.LayerNorm(embed_dim, eps=layer_norm_eps)
+        self.dropout = FairseqDropout(dropout, module_name=self.__class__.__name__)
+        self.pre_norm = pre_norm
+
+    def forward(self, x):
+        y = self.layer_norm(x) if self.pre_norm else x
+        y = self.dropout(self.fc2(self.dropout(F.relu(self.fc1(y)))))
+        return x + y if self.pre_norm else self.layer_norm(x + y)
+
+
+class TransformerXLLayer(nn.Module):
+    """``RelPartialLearnableDecoderLayer``: relative attention then feed-forward."""
+
+    def __init__(self, embed_dim, num_heads, head_dim, ffn_dim, dropout=0.0, attention_dropout=0.0,
+                 pre_norm=False, layer_norm_eps=1e-5, own_biases=True):
+        super().__init__()
+        self.attn = RelativeMultiheadAttention(embed_dim, num_heads, head_dim, dropout, attention_dropout,
+                                               pre_norm, layer_norm_eps, own_biases)
+        self.ff = PositionwiseFF(embed_dim, ffn_dim, dropout, pre_norm, layer_norm_eps)
+
+    def forward(self, h, r, mask, memory=None, r_w_bias=None, r_r_bias=None, memory_kv=None):
+        """Returns the layer output and the attention's key/value projections of memory + segment."""
+        out, kv = self.attn(h, r, mask, memory, r_w_bias, r_r_bias, memory_kv)
+        return self.ff(out), kv

@@ -1,0 +1,272 @@
+"""Task ``bptt_lm``: truncated back-propagation through time over contiguous streams.
+
+The training recipe of Transformer-XL (official ``data_utils.py``,
+``LMOrderedIterator``), written as a fairseq task:
+
+* The split is one token stream: every line of the binarized corpus, each
+  ending in ``</s>``, concatenated; an ``</s>`` in front provides the
+  context of the first token.  Every token of the corpus is a target exactly
+  once.
+* The targets are cut into ``S = batch_size × data-parallel world size``
+  contiguous streams of (almost) equal length (their lengths differ by at
+  most one token: nothing is trimmed).  Worker ``r`` owns streams
+  ``[r·batch_size, (r+1)·batch_size)``; every worker gets the same number
+  of batches.
+* Batch ``i`` holds positions ``[i·T, (i+1)·T)`` of each of the worker's
+  streams (``T = --tokens-per-sample``); consecutive batches continue every
+  stream; nothing is shuffled.  A stream that has run out is padded (pad
+  targets are ignored by the criteria).
+* Each batch carries ``net_input["stream_pos"] = i``: a model with memory
+  (``transformer_xl_lm``) starts without memory at 0 -- the start of every
+  epoch and of every evaluation pass -- and continues from its memory
+  afterwards.  ``begin_epoch``/``begin_valid_epoch`` also reset it.  A model
+  without memory ignores the key (it must accept ``**kwargs``).
+
+``fairseq-eval-lm --task bptt_lm --tokens-per-sample 64 --batch-size 1
+--model-overrides '{"mem_len":640,"clamp_len":400,"same_length":True}'``
+scores the test set with a longer memory than training used.
+"""
+import logging
+import math
+import os
+from dataclasses import dataclass, field
+from typing import Optional
+
+import numpy as np
+import torch
+
+from fairseq import utils
+from fairseq.data import Dictionary, FairseqDataset, data_utils, iterators
+from fairseq.dataclass import FairseqDataclass
+from fairseq.tasks import FairseqTask, register_task
+from omegaconf import II
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class BPTTLMConfig(FairseqDataclass):
+    data: str = field(default="???", metadata={"help": "path to data directory (fairseq-preprocess output)"})
+    tokens_per_sample: int = field(default=70, metadata={"help": "segment length T of truncated BPTT"})
+    batch_size: Optional[int] = II("dataset.batch_size")
+    batch_size_valid: Optional[int] = II("dataset.batch_size_valid")
+    max_target_positions: Optional[int] = field(default=None, metadata={"help": "unused (the memory is unbounded)"})
+
+
+class StreamDataset(FairseqDataset):
+    """A token stream cut into contiguous streams; item ``i`` is batch ``i`` of one worker.
+
+    ``tokens`` is ``[</s>] + corpus``: target position ``t`` is
+    ``tokens[t+1]``, predicted from ``tokens[:t+1]``.
+    """
+
+    def __init__(self, tokens, batch_size, tokens_per_sample, pad, source="corpus", num_shards=1, shard_id=0):
+        super().__init__()
+        self.tokens, self.pad, self.source = tokens, pad, source
+        self.batch_size, self.tokens_per_sample = batch_size, tokens_per_sample
+        self.num_shards, self.shard_id = num_shards, shard_id
+        n_targets = tokens.numel() - 1
+        n_streams = batch_size * num_shards
+        if n_targets < n_streams:
+            raise ValueError(
+                f"{source}: {n_targets} tokens are too few to fill one batch of {n_streams} streams "
+                f"(--batch-size {batch_size} x {num_shards} data-parallel workers); use a smaller --batch-size")
+        base, extra = divmod(n_targets, n_streams)
+        lengths = np.array([base + (1 if s < extra else 0) for s in range(n_streams)])
+        starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
+        mine = slice(shard_id * batch_size, (shard_id + 1) * batch_size)
+        self.starts, self.lengths = starts[mine], lengths[mine]
+        # the same count on every worker: set by the longest stream of all
+        self.n_batches = math.ceil(lengths.max() / tokens_per_sample)
+
+    def for_shard(self, num_shards, shard_id):
+        """The same stream split among ``num_shards`` data-parallel workers; worker ``shard_id``'s part."""
+        if num_shards == self.num_shards and shard_id == self.shard_id:
+            return self
+        return StreamDataset(self.tokens, self.batch_size, self.tokens_per_sample, self.pad, self.source,
+                             num_shards, shard_id)
+
+    def __len__(self):
+        return self.n_batches
+
+    def __getitem__(self, i):
+        T = self.tokens_per_sample
+        width = min(T, int(max(self.lengths.max() - i * T, 0))) or 1
+        src = torch.full((self.batch_size, width), self.pad, dtype=torch.long)
+        tgt = torch.full((self.batch_size, width), self.pad, dtype=torch.long)
+        for b, (start, length) in enumerate(zip(self.starts, self.lengths)):
+            lo, hi = i * T, min((i + 1) * T, int(length))
+            if hi > lo:
+                src[b, : hi - lo] = self.tokens[start + lo: start + hi]
+                tgt[b, : hi - lo] = self.tokens[start + lo + 1: start + hi + 1]
+        return {"id": i, "source": src, "target": tgt}
+
+    def collater(self, samples):
+        assert len(samples) == 1, "every item of a StreamDataset is a whole batch"
+        item = samples[0]
+        src, tgt = item["source"], item["target"]
+        return {
+            "id": torch.full((src.size(0),), item["id"], dtype=torch.long),
+            "nsentences": src.size(0),
+            "ntokens": int(tgt.ne(self.pad).sum()),
+            "net_input": {"src_tokens": src, "src_lengths": src.ne(self.pad).sum(1), "stream_pos": item["id"]},
+            "target": tgt,
+        }
+
+    def num_tokens(self, index):
+        return self.batch_size * self.tokens_per_sample
+
+    def size(self, index):
+        return self.tokens_per_sample
+
+    def ordered_indices(self):
+        return np.arange(len(self))
+
+    @property
+    def supports_prefetch(self):
+        return False
+
+
+class PromptDataset(FairseqDataset):
+    """Prompts for generation (hub ``sample()``, ``fairseq-interactive``), right-padded, without the final ``</s>``."""
+
+    def __init__(self, prompts, pad, eos):
+        self.prompts = [p[:-1] if len(p) > 1 and p[-1] == eos else p for p in prompts]
+        self.sizes = np.array([len(p) for p in self.prompts])
+        self.pad = pad
+
+    def __getitem__(self, i):
+        return {"id": i, "source": self.prompts[i]}
+
+    def __len__(self):
+        return len(self.prompts)
+
+    def collater(self, samples):
+        if not samples:
+            return {}
+        src = data_utils.collate_tokens([s["source"] for s in samples], self.pad, left_pad=False)
+        return {"id": torch.tensor([s["id"] for s in samples]), "nsentences": len(samples),
+                "ntokens": int(src.ne(self.pad).sum()),
+                "net_input": {"src_tokens": src, "src_lengths": src.ne(self.pad).sum(1)}, "target": None}
+
+    def num_tokens(self, index):
+        return int(self.sizes[index])
+
+    def size(self, index):
+        return int(self.sizes[index])
+
+
+@register_task("bptt_lm", dataclass=BPTTLMConfig)
+class BPTTLanguageModelingTask(FairseqTask):
+    """Language modelling over contiguous streams with memory carried across batches (see module docstring)."""
+
+    def __init__(self, cfg, dictionary):
+        super().__init__(cfg)
+        self.dictionary = dictionary
+
+    @classmethod
+    def setup_task(cls, cfg, **kwargs):
+        if cfg.tokens_per_sample is None or cfg.tokens_per_sample <= 0:
+            raise ValueError(f"--tokens-per-sample must be a positive segment length, got {cfg.tokens_per_sample}")
+        paths = utils.split_paths(cfg.data)
+        if not paths:
+            raise ValueError("bptt_lm needs a data directory")
+        dict_path = os.path.join(paths[0], "dict.txt")
+        if not os.path.exists(dict_path):
+            raise FileNotFoundError(f"bptt_lm: dictionary {dict_path} not found (run fairseq-preprocess "
+                                    f"--only-source first)")
+        dictionary = Dictionary.load(dict_path)
+        logger.info(f"dictionary {dict_path}: {len(dictionary)} types")
+        return cls(cfg, dictionary)
+
+    def _batch_size(self, split):
+        size = self.cfg.batch_size if split == "train" else (self.cfg.batch_size_valid or self.cfg.batch_size)
+        if size is None or size <= 0:
+            raise ValueError(f"bptt_lm: --batch-size (the number of parallel streams) must be given and > 0, "
+                             f"got {size}")
+        return size
+
+    def load_dataset(self, split, epoch=1, combine=False, **kwargs):
+        paths = utils.split_paths(self.cfg.data)
+        split_path = os.path.join(paths[(epoch - 1) % len(paths)], split)
+        data = data_utils.load_indexed_dataset(split_path, self.dictionary, combine=combine)
+        if data is None:
+            raise FileNotFoundError(f"bptt_lm: dataset {split} not found at {split_path}.{{bin,idx}}")
+        eos = self.dictionary.eos()
+        lines = [data[i] for i in range(len(data))]
+        tokens = torch.cat([torch.tensor([eos], dtype=torch.long)] + [t.long() for t in lines])
+        if tokens.numel() > 1 and int(tokens.max()) >= len(self.dictionary):
+            raise ValueError(f"{split_path}.bin holds token id {int(tokens.max())}, but the dictionary has only "
+                             f"{len(self.dictionary)} symbols: the data was binarized with another dictionary")
+        self.datasets[split] = StreamDataset(tokens, self._batch_size(split), self.cfg.tokens_per_sample,
+                                             self.dictionary.pad(), source=f"{split_path}.bin")
+        logger.info(f"{split}: {tokens.numel() - 1} tokens, {self.datasets[split].batch_size} streams, "
+                    f"{len(self.datasets[split])} batches of {self.cfg.tokens_per_sample}")
+
+    def get_batch_iterator(self, dataset, max_tokens=None, max_sentences=None, max_positions=None,
+                           ignore_invalid_inputs=False, required_batch_size_multiple=1, seed=1, num_shards=1,
+                           shard_id=0, num_workers=0, epoch=1, data_buffer_size=0, disable_iterator_cache=False,
+                           skip_remainder_batch=False, grouped_shuffling=False, update_epoch_batch_itr=False,
+                           **kwargs):
+        if not isinstance(dataset, StreamDataset):  # prompts for generation: ordinary batching
+            return super().get_batch_iterator(
+                dataset, max_tokens=max_tokens, max_sentences=max_sentences, max_positions=None,
+                ignore_invalid_inputs=ignore_invalid_inputs, required_batch_size_multiple=required_batch_size_multiple,
+                seed=seed, num_shards=num_shards, shard_id=shard_id, num_workers=num_workers, epoch=epoch,
+                data_buffer_size=data_buffer_size, disable_iterator_cache=True)
+        shard = dataset.for_shard(num_shards, shard_id)
+        return iterators.EpochBatchIterator(
+            dataset=shard, collate_fn=shard.collater, batch_sampler=[[i] for i in range(len(shard))],
+            seed=seed, num_workers=num_workers, epoch=epoch, buffer_size=data_buffer_size,
+            disable_shuffling=True, skip_remainder_batch=False,
+        )
+
+    def eval_lm_dataloader(self, dataset, max_tokens=36000, batch_size=None, max_positions=None, num_shards=1,
+                           shard_id=0, num_workers=1, data_buffer_size=10, context_window=0):
+        if context_window > 0:
+            raise ValueError("bptt_lm: --context-window is not used; the model's memory provides the context "
+                             "(e.g. --model-overrides '{\"mem_len\": 640}')")
+        return self.get_batch_iterator(dataset, num_shards=num_shards, shard_id=shard_id, num_workers=num_workers,
+                                       data_buffer_size=data_buffer_size).next_epoch_itr(shuffle=False)
+
+    def _reset_memory(self, model):
+        inner = getattr(model, "module", model)  # unwrap DDP
+        if hasattr(inner, "reset_memory"):
+            inner.reset_memory()
+
+    def begin_epoch(self, epoch, model):
+        self._reset_memory(model)
+
+    def begin_valid_epoch(self, epoch, model):
+        self._reset_memory(model)
+
+    # ------------------------------------------------------------ generation
+    def build_dataset_for_inference(self, src_tokens, src_lengths, **kwargs):
+        return PromptDataset(src_tokens, self.dictionary.pad(), self.dictionary.eos())
+
+    def inference_step(self, generator, models, sample, prefix_tokens=None, constraints=None):
+        """Continues each prompt: generation starts from ``</s>`` with the prompt forced as a prefix,
+        so the prompt goes into the memory (the incremental state) token by token.  ``--max-len-b``
+        counts the tokens generated after the prompt (``--max-len-a`` is at least 1 here)."""
+        with torch.no_grad():
+            if constraints is not None:
+                raise NotImplementedError("bptt_lm does not support constrained generation")
+            if prefix_tokens is None and sample["net_input"]["src_tokens"].nelement():
+                prefix_tokens = sample["net_input"]["src_tokens"]
+            max_len_a = getattr(generator, "max_len_a", None)
+            if max_len_a is not None and max_len_a < 1:
+                generator.max_len_a = 1
+            try:
+                return generator.generate(models, sample, prefix_tokens=prefix_tokens,
+                                          bos_token=self.dictionary.eos())
+            finally:
+                if max_len_a is not None:
+                    generator.max_len_a = max_len_a
+
+    @property
+    def source_dictionary(self):
+        return self.dictionary
+
+    @property
+    def target_dictionary(self):
+        return self.dictionary
