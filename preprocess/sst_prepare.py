@@ -13,7 +13,6 @@ Example::
 import argparse
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 
@@ -25,11 +24,18 @@ class PrepareError(Exception):
 
 
 def fairseq_preprocess(args):
-    exe = os.path.join(os.path.dirname(sys.executable), "fairseq-preprocess")
-    cmd = [exe if os.path.exists(exe) else "fairseq-preprocess", *args]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise PrepareError(f"fairseq-preprocess failed:\n{proc.stderr[-3000:]}")
+    """Runs ``fairseq-preprocess`` in this process (one interpreter start for all the calls)."""
+    import logging
+
+    from fairseq import options
+    from fairseq_cli import preprocess
+
+    logging.getLogger("fairseq_cli.preprocess").setLevel(logging.WARNING)
+    parsed = options.get_preprocessing_parser().parse_args(args)
+    try:
+        preprocess.main(parsed)
+    except (Exception, SystemExit) as e:
+        raise PrepareError(f"fairseq-preprocess {' '.join(args)} failed: {e}") from e
 
 
 def write_label_dict(labels, path):

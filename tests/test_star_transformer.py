@@ -221,3 +221,53 @@ def ddp_setup():
 
 def test_ddp_ready():
     assert_ddp_matches_single_process("tests.test_star_transformer:ddp_setup")
+
+
+def test_span_f1_hand_checked():
+    """Entity-level F1 on a hand-checked example, and agreement with seqeval's own f1_score."""
+    from seqeval.metrics import f1_score
+
+    from user_dir.tasks.sequence_tagging import span_counts
+
+    gold = [["B-PER", "I-PER", "O", "B-LOC", "O"], ["B-ORG", "O", "B-PER"]]
+    pred = [["B-PER", "I-PER", "O", "B-ORG", "O"], ["B-ORG", "O", "I-PER"]]
+    # gold spans: PER(0-1), LOC(3), ORG(0), PER(2)  -> 4;  predicted: PER(0-1), ORG(3), ORG(0), PER(2) -> 4
+    # correct: PER(0-1), ORG(0), PER(2) (I-PER after O starts a span, conlleval convention) -> 3
+    counts = [span_counts(p, g) for p, g in zip(pred, gold)]
+    tp, npred, ngold = (sum(c[i] for c in counts) for i in range(3))
+    assert (tp, npred, ngold) == (3, 4, 4)
+    f1 = 2 * (tp / npred) * (tp / ngold) / (tp / npred + tp / ngold)
+    assert f1 == pytest.approx(0.75)
+    assert f1 == pytest.approx(f1_score(gold, pred))
+
+
+def test_crf_matches_brute_force():
+    """CRF log-partition and Viterbi equal explicit enumeration over all tag paths."""
+    import itertools
+
+    from user_dir.modules.crf import LinearChainCRF
+
+    torch.manual_seed(0)
+    K, n = 3, 4
+    crf = LinearChainCRF(K)
+    for p in crf.parameters():
+        torch.nn.init.normal_(p)
+    em = torch.randn(2, n, K)
+    mask = torch.tensor([[True] * 4, [True, True, True, False]])
+    tags = torch.tensor([[0, 2, 1, 1], [2, 2, 0, 0]])
+
+    def score(e, path):
+        s = crf.start[path[0]] + e[0, path[0]] + crf.end[path[-1]]
+        for i in range(1, len(path)):
+            s = s + crf.transitions[path[i - 1], path[i]] + e[i, path[i]]
+        return s
+
+    nll, best = 0.0, []
+    for b in range(2):
+        m = int(mask[b].sum())
+        paths = list(itertools.product(range(K), repeat=m))
+        scores = torch.stack([score(em[b, :m], p) for p in paths])
+        nll = nll + torch.logsumexp(scores, 0) - score(em[b, :m], tags[b, :m].tolist())
+        best.append(list(paths[int(scores.argmax())]) + [0] * (n - m))
+    assert torch.allclose(crf.nll(em, tags, mask), nll, atol=1e-5)
+    assert crf.decode(em, mask).tolist() == best
