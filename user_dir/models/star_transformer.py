@@ -61,6 +61,8 @@ class StarTransformerConfig(FairseqDataclass):
     star_residual: bool = field(default=False, metadata={"help": "residual connections (for deeper stacks)"})
     init_std: float = field(default=0.0, metadata={"help": ">0: N(0, std) init of projections (fastNLP 0.05); 0 = xavier"})
     layernorm_eps: float = field(default=1e-5)
+    checkpoint_activations: bool = field(default=False, metadata={
+        "help": "recompute each Star cycle in the backward pass (less activation memory, ~1/3 more compute)"})
     pretrained_embeddings: Optional[str] = field(default=None, metadata={
         "help": "GloVe / word2vec text file loaded into the embedding table"})
     freeze_embeddings: bool = field(default=False, metadata={"help": "keep the word embeddings fixed (paper)"})
@@ -148,6 +150,7 @@ class StarTransformerEncoder(FairseqEncoder):
             ring_wrap=not cfg.star_no_ring_wrap, ring_mask_pads=not cfg.star_unmasked_ring_pads,
             relay_init_mask_pads=not cfg.star_unmasked_relay_init, residual=cfg.star_residual,
             ffn_dim=cfg.encoder_ffn_embed_dim, init_std=cfg.init_std, layernorm_eps=cfg.layernorm_eps,
+            checkpoint_cycles=cfg.checkpoint_activations,
         ))
 
     def forward(self, src_tokens=None, src_lengths=None, src_features=None, **kwargs):

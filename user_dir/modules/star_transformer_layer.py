@@ -35,15 +35,18 @@ Cost (paper, "Comparison to the standard Transformer"): O(5nd) for the ring, O(n
 relay.  The ring attention projects K and V once per step and reads the neighbours by
 slicing the projected tensors along the sequence axis, so no n×n tensor and no stacked
 copy of the five context vectors exist: the scores are a (B, n, H, 5) tensor and the
-weighted sum is accumulated in place.
+weighted sum is accumulated in place.  The relay's single query is folded into its key
+and value projections (:class:`RelayAttention`), so the relay step is O(n d H) and stores
+no projected copy of H.  ``checkpoint_cycles`` recomputes each cycle during the backward
+pass, keeping only the cycle inputs (about one n x d tensor per cycle).
 """
-import math
 from dataclasses import dataclass
 from typing import Optional
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 
 @dataclass
@@ -67,6 +70,7 @@ class StarTransformerOptions:
     ffn_dim: int = 0
     init_std: float = 0.0
     layernorm_eps: float = 1e-5
+    checkpoint_cycles: bool = False  # recompute each cycle in the backward pass (activation memory ~ 1 n*d/cycle)
 
     @classmethod
     def fastnlp(cls, **kw):
@@ -188,20 +192,35 @@ class RelayAttention(_Projections):
     """Relay update MultiAtt(s, [s; H]) with padded satellites masked (Alg. 1, line 7)."""
 
     def forward(self, s, nodes, pad_mask):
-        """s: (B, 1, d); nodes: (B, n, d); pad_mask: (B, n) True = pad, or None -> (B, 1, d)."""
-        B, n, _ = nodes.shape
+        """s: (B, 1, d); nodes: (B, n, d); pad_mask: (B, n) True = pad, or None -> (B, 1, d).
+
+        With a single query the key and value projections of the n satellites are folded
+        into the query and the context (exact algebra, no approximation)::
+
+            q_h . (W_K,h h_j + b_K,h) = h_j . (W_K,h^T q_h) + q_h . b_K,h
+            sum_j a_hj (W_V,h h_j + b_V,h) = W_V,h (sum_j a_hj h_j) + b_V,h sum_j a_hj
+
+        so the relay costs O(n d H) instead of O(n d^2) and keeps no projected copy of H.
+        """
+        B, n, d = nodes.shape
         H, dh = self.heads, self.head_dim
-        q = self.q_proj(s).view(B, 1, H, dh).transpose(1, 2) * (dh ** -0.5)  # B H 1 dh
-        kv_in = torch.cat([s, nodes], 1)
-        k = self.k_proj(kv_in).view(B, n + 1, H, dh).transpose(1, 2)  # B H n+1 dh
-        v = self.v_proj(kv_in).view(B, n + 1, H, dh).transpose(1, 2)
-        scores = torch.matmul(q, k.transpose(-1, -2))  # B H 1 n+1
+        q = self.q_proj(s).view(B, H, dh) * (dh ** -0.5)
+        w_k = self.k_proj.weight.view(H, dh, d)
+        w_v = self.v_proj.weight.view(H, dh, d)
+        b_k, b_v = self.k_proj.bias.view(H, dh), self.v_proj.bias.view(H, dh)
+        u = torch.einsum("bhe,hed->bhd", q, w_k)  # W_K,h^T q_h
+        scores_nodes = torch.einsum("bnd,bhd->bhn", nodes, u) + (q * b_k).sum(-1, keepdim=True)
+        k_s = self.k_proj(s).view(B, H, 1, dh)
+        score_relay = torch.matmul(k_s, q.unsqueeze(-1)).squeeze(-1)  # B H 1
         if pad_mask is not None:
-            keep_relay = torch.zeros(B, 1, dtype=torch.bool, device=nodes.device)
-            scores = scores.masked_fill(torch.cat([keep_relay, pad_mask], 1)[:, None, None, :], float("-inf"))
-        probs = F.dropout(scores.softmax(-1), self.attention_dropout, self.training)
-        out = torch.matmul(probs, v).transpose(1, 2).reshape(B, 1, H * dh)
-        return self.out_proj(out)
+            scores_nodes = scores_nodes.masked_fill(pad_mask[:, None, :], float("-inf"))
+        probs = torch.cat([score_relay, scores_nodes], -1).softmax(-1)  # B H 1+n
+        probs = F.dropout(probs, self.attention_dropout, self.training)
+        p_relay, p_nodes = probs[..., :1], probs[..., 1:]
+        context = torch.einsum("bhn,bnd->bhd", p_nodes, nodes)
+        out = torch.einsum("bhd,hed->bhe", context, w_v) + b_v * p_nodes.sum(-1, keepdim=True)
+        out = out + p_relay * self.v_proj(s).view(B, H, dh)
+        return self.out_proj(out.reshape(B, 1, H * dh))
 
 
 class _FFN(nn.Module):
@@ -334,7 +353,10 @@ class StarTransformer(nn.Module):
         ring = _Ring(pad_mask, B, n, x.device, o.ring_wrap, o.ring_mask_pads)
         nodes = emb
         for cycle in self.cycles:
-            nodes, relay = cycle(nodes, relay, emb, pad_mask, ring)
+            if o.checkpoint_cycles and self.training and torch.is_grad_enabled():
+                nodes, relay = checkpoint(cycle, nodes, relay, emb, pad_mask, ring, use_reentrant=False)
+            else:
+                nodes, relay = cycle(nodes, relay, emb, pad_mask, ring)
         return nodes, relay.squeeze(1)
 
     @torch.no_grad()
@@ -353,10 +375,11 @@ class StarTransformer(nn.Module):
             cyc.ring_norm.bias.copy_(norm.bias)
 
 
-def attention_flops(n, d, layers, ffn_dim=0, inner=None):
-    """Multiply-add FLOPs (x2) of one forward pass of a Star-Transformer stack (for benchmarks)."""
+def star_flops(n, d, layers, heads, inner=None, ffn_dim=0):
+    """FLOPs (2 per multiply-add) of one forward pass of a Star-Transformer stack, matrix products only."""
     inner = inner or d
-    per_layer = 2 * n * (4 * d * inner + 2 * d * inner + 2 * d * inner)  # ring q,k,v,o + e k,v + relay k,v
-    per_layer += 2 * n * inner * 5 * 2 + 2 * n * inner * 2  # ring scores/sums + relay
-    per_layer += 2 * n * 2 * d * ffn_dim * (2 if ffn_dim else 0)
+    per_layer = 2 * n * d * inner * 6  # ring: q, k, v, o of h_i + k, v of e_i
+    per_layer += 2 * n * inner * 5 * 2  # ring: 5 scores and the weighted sum per position
+    per_layer += 2 * n * d * heads * 2  # relay: folded scores and context over n satellites
+    per_layer += 2 * n * d * ffn_dim * 2 * 2 if ffn_dim else 0  # satellite FFN (relay FFN is O(d^2))
     return layers * per_layer
