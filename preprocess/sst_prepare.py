@@ -51,7 +51,9 @@ def binarize(columns, labels, dest, thresholdsrc=0):
     The result is assembled in a temporary directory and moved into place at the end.
     """
     label_set = sorted({lab for labs in labels.values() for lab in labs}, key=lambda x: (len(x), x))
-    tmp = tempfile.mkdtemp(prefix="prep_", dir=os.path.dirname(os.path.abspath(dest)) or ".")
+    parent = os.path.dirname(os.path.abspath(dest))
+    os.makedirs(parent, exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix="prep_", dir=parent)
     try:
         raw = os.path.join(tmp, "raw")
         os.makedirs(raw)

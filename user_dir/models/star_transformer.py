@@ -32,12 +32,16 @@ from ..modules.star_transformer_layer import StarTransformer, StarTransformerOpt
 logger = logging.getLogger(__name__)
 
 ACTIVATION_CHOICES = ChoiceEnum(["relu", "leaky_relu"])
+ENCODER_CHOICES = ChoiceEnum(["star", "transformer"])
 NORM_CHOICES = ChoiceEnum(["post", "pre"])
 POOLING_CHOICES = ChoiceEnum(["sum", "mean"])
 
 
 @dataclass
 class StarTransformerConfig(FairseqDataclass):
+    encoder_type: ENCODER_CHOICES = field(default="star", metadata={
+        "help": "star, or 'transformer': fairseq's TransformerEncoder of equal d/heads/layers (FFN "
+                "--encoder-ffn-embed-dim, default 4d) behind the same heads, as a baseline"})
     encoder_embed_dim: int = field(default=300, metadata={"help": "hidden size d of satellites and relay"})
     word_embed_dim: int = field(default=0, metadata={
         "help": "word-vector size; 0 = encoder_embed_dim, otherwise a linear map to d (fastNLP StarTransEnc)"})
@@ -194,6 +198,52 @@ class StarTransformerEncoder(FairseqEncoder):
         return self.cfg.max_positions if self.cfg.max_positions > 0 else int(1e6)
 
 
+class BaselineTransformerEncoder(FairseqEncoder):
+    """fairseq's ``TransformerEncoder`` (learned positions, post-norm, FFN 4d unless set) for A/B runs.
+
+    Returns the Star encoder's layout; ``encoder_relay`` is the mean of the outputs over real
+    tokens, so the sentence vector is mean + max pooling.
+    """
+
+    def __init__(self, cfg, dictionary):
+        super().__init__(dictionary)
+        from argparse import Namespace
+
+        from fairseq.models.transformer import TransformerEncoder, base_architecture
+
+        d = cfg.encoder_embed_dim
+        if cfg.input_features > 0:
+            raise ValueError("--encoder-type transformer does not support --input-features")
+        args = Namespace(encoder_embed_dim=d, encoder_ffn_embed_dim=cfg.encoder_ffn_embed_dim or 4 * d,
+                         encoder_layers=cfg.encoder_layers, encoder_attention_heads=cfg.encoder_attention_heads,
+                         max_source_positions=cfg.max_positions, dropout=cfg.dropout,
+                         attention_dropout=cfg.attention_dropout, encoder_learned_pos=True)
+        base_architecture(args)
+        emb = nn.Embedding(len(dictionary), d, padding_idx=dictionary.pad())
+        nn.init.normal_(emb.weight, 0.0, d ** -0.5)
+        nn.init.zeros_(emb.weight[dictionary.pad()])
+        if cfg.pretrained_embeddings:
+            load_word_vectors(cfg.pretrained_embeddings, dictionary, emb, normalize=cfg.normalize_pretrained)
+        if cfg.freeze_embeddings:
+            emb.weight.requires_grad = False
+        self.cfg = cfg
+        self.inner = TransformerEncoder(args, dictionary, emb)
+
+    def forward(self, src_tokens=None, src_lengths=None, **kwargs):
+        out = self.inner(src_tokens, src_lengths=src_lengths)
+        x, pad = out["encoder_out"][0], src_tokens.eq(self.dictionary.pad())
+        real = (~pad).t().unsqueeze(-1).to(x.dtype)
+        relay = (x * real).sum(0) / real.sum(0).clamp(min=1)
+        return {"encoder_out": [x], "encoder_padding_mask": [pad], "encoder_relay": [relay],
+                "encoder_embedding": [], "encoder_states": [], "src_tokens": [], "src_lengths": []}
+
+    def reorder_encoder_out(self, encoder_out, new_order):
+        return StarTransformerEncoder.reorder_encoder_out(self, encoder_out, new_order)
+
+    def max_positions(self):
+        return self.cfg.max_positions
+
+
 def sentence_vector(encoder_out, pooling="sum"):
     """r = s^T + max_i h_i^T over real tokens (paper Sec. 3.3); ``mean`` halves it (fastNLP)."""
     nodes = encoder_out["encoder_out"][0].transpose(0, 1)  # B T C
@@ -230,6 +280,8 @@ class StarTransformerModel(FairseqEncoderModel):
     @classmethod
     def build_model(cls, cfg, task):
         dictionary = getattr(task, "source_dictionary", None)
+        if cfg.encoder_type == "transformer":
+            return cls(cfg, BaselineTransformerEncoder(cfg, dictionary))
         return cls(cfg, StarTransformerEncoder(cfg, dictionary))
 
     # ----------------------------------------------------------------- heads
