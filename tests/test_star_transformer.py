@@ -128,6 +128,7 @@ def test_ring_wrap_links_first_and_last_token():
     ["--arch", "star_transformer_fastnlp"],
     ["--star-norm-position", "pre", "--star-residual", "--encoder-ffn-embed-dim", "32", "--init-std", "0.02"],
     ["--star-no-ring-wrap", "--star-activation", "leaky_relu", "--encoder-head-dim", "5"],
+    ["--encoder-type", "transformer"],  # the A/B baseline behind the same heads
 ])
 def test_padding_invariance_classification(extra):
     """A sentence's logits and satellites alone equal those inside a right- or left-padded batch."""
