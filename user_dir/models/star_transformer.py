@@ -89,7 +89,7 @@ def load_word_vectors(path, dictionary, embedding: nn.Embedding, normalize=False
     if not os.path.exists(path):
         raise FileNotFoundError(f"--pretrained-embeddings: file not found: {path}")
     dim = embedding.embedding_dim
-    found = 0
+    found, first = 0, True
     with open(path, encoding="utf-8", errors="replace") as f, torch.no_grad():
         for lineno, line in enumerate(f, 1):
             parts = line.rstrip().split(" ")
@@ -100,9 +100,12 @@ def load_word_vectors(path, dictionary, embedding: nn.Embedding, normalize=False
                 continue  # word2vec header "count dim"
             if len(parts) < 2:
                 continue
-            if len(parts) - 1 != dim:
+            if len(parts) - 1 < dim or (first and len(parts) - 1 != dim):
                 raise ValueError(f"{path}:{lineno}: vector for {parts[0]!r} has dimension {len(parts) - 1}, but the "
                                  f"embedding table has dimension {dim} (--word-embed-dim/--encoder-embed-dim)")
+            first = False
+            if len(parts) - 1 > dim:  # GloVe 840B has a few words containing spaces
+                parts = [" ".join(parts[: len(parts) - dim])] + parts[len(parts) - dim:]
             idx = dictionary.index(parts[0])
             if idx == dictionary.unk() and parts[0] != dictionary.unk_word:
                 continue
