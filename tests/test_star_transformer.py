@@ -1,0 +1,290 @@
+"""Star-Transformer encoder: fastNLP parity, a naive reference, padding invariance, DDP, errors."""
+import os
+
+import pytest
+import torch
+
+from tests.helpers.ddp import assert_ddp_matches_single_process
+from tests.helpers.models import build, random_sentences, toy_dictionary
+from user_dir.modules.star_transformer_layer import StarTransformer, StarTransformerOptions
+
+TINY = ["--encoder-embed-dim", "16", "--encoder-attention-heads", "2", "--encoder-layers", "2",
+        "--max-positions", "32", "--dropout", "0", "--pooler-dropout", "0"]
+
+
+def _fastnlp():
+    os.environ.setdefault("FASTNLP_BACKEND", "torch")
+    try:
+        from fastNLP.modules.torch.encoder.star_transformer import StarTransformer as FastNLPStar
+    except Exception as e:  # pragma: no cover - depends on the environment
+        pytest.skip(f"fastNLP 1.0.1 is not importable ({type(e).__name__}: {e}); "
+                    "install it as in REFERENCE.md §1.2 to run the parity test")
+    return FastNLPStar
+
+
+@pytest.mark.parametrize("head_dim", [7, 8])
+def test_parity_with_fastnlp(head_dim):
+    """fastNLP-compatible flags + copied weights: nodes and relay equal fastNLP's to 1e-5."""
+    FastNLPStar = _fastnlp()
+    torch.manual_seed(0)
+    d, heads, L = 24, 3, 11
+    ref = FastNLPStar(d, 3, heads, head_dim, dropout=0.0, max_len=16).eval()
+    # perturb LayerNorm params so that copying them is actually checked
+    for norm in ref.norm:
+        torch.nn.init.normal_(norm.weight, 1.0, 0.2)
+        torch.nn.init.normal_(norm.bias, 0.0, 0.2)
+    mine = StarTransformer(StarTransformerOptions.fastnlp(
+        embed_dim=d, layers=3, attention_heads=heads, head_dim=head_dim, max_positions=16, dropout=0.0)).eval()
+    mine.load_fastnlp_state(ref)
+    x = torch.randn(4, L, d)
+    lengths = torch.tensor([11, 7, 3, 1])
+    mask = torch.arange(L)[None] < lengths[:, None]
+    with torch.no_grad():
+        ref_nodes, ref_relay = ref(x.clone(), mask)
+        nodes, relay = mine(x, ~mask)
+    assert (nodes - ref_nodes).abs().max() < 1e-5
+    assert (relay - ref_relay).abs().max() < 1e-5
+    # the default (paper) semantics are different from fastNLP's: the check above is not vacuous
+    paper = StarTransformer(StarTransformerOptions(embed_dim=d, layers=3, attention_heads=heads,
+                                                   head_dim=head_dim, max_positions=16, dropout=0.0)).eval()
+    paper.load_state_dict(mine.state_dict(), strict=False)
+    with torch.no_grad():
+        assert (paper(x, ~mask)[1] - ref_relay).abs().max() > 1e-3
+
+
+def _naive_cycle_reference(star, x, pad):
+    """Loop-based Algorithm 1 with explicit 5-vector contexts (post-norm, closed ring, masked pads)."""
+    o = star.options
+    B, n, d = x.shape
+    pos = star.positions(pad, B, n, x.device)
+    emb = x + star.embed_positions(pos)
+    nodes_out, relays = torch.zeros(B, n, d), torch.zeros(B, d)
+    for b in range(B):
+        real = [i for i in range(n) if not pad[b, i]]
+        e = emb[b, real]
+        h, s = e.clone(), e.mean(0)
+        m = len(real)
+        for cyc in star.cycles:
+            ra = cyc.ring_attn
+            H, dh = ra.heads, ra.head_dim
+            new_h = torch.zeros_like(h)
+            for i in range(m):
+                ctx = [h[(i - 1) % m], h[i], h[(i + 1) % m], e[i], s] if o.ring_wrap else \
+                    [v for v in ([h[i - 1]] if i > 0 else []) + [h[i]] + ([h[i + 1]] if i < m - 1 else []) + [e[i], s]]
+                C = torch.stack(ctx)
+                q = ra.q_proj(h[i]).view(H, dh)
+                k = ra.k_proj(C).view(-1, H, dh)
+                v = ra.v_proj(C).view(-1, H, dh)
+                a = torch.einsum("hd,chd->hc", q, k).div(dh ** 0.5).softmax(-1)
+                new_h[i] = ra.out_proj(torch.einsum("hc,chd->hd", a, v).reshape(-1))
+            h = cyc.ring_norm(torch.relu(new_h))
+            sa = cyc.relay_attn
+            C = torch.cat([s[None], h])
+            q = sa.q_proj(s).view(H, dh)
+            k, v = sa.k_proj(C).view(-1, H, dh), sa.v_proj(C).view(-1, H, dh)
+            a = torch.einsum("hd,chd->hc", q, k).div(dh ** 0.5).softmax(-1)
+            s = cyc.relay_norm(torch.relu(sa.out_proj(torch.einsum("hc,chd->hd", a, v).reshape(-1))))
+        nodes_out[b, real] = h
+        relays[b] = s
+    return nodes_out, relays
+
+
+@pytest.mark.parametrize("wrap", [True, False])
+@pytest.mark.parametrize("left_pad", [False, True])
+def test_matches_naive_reference(wrap, left_pad):
+    """The shifted/sliced ring attention equals an explicit per-token loop (paper semantics)."""
+    torch.manual_seed(1)
+    star = StarTransformer(StarTransformerOptions(embed_dim=12, layers=2, attention_heads=3, max_positions=16,
+                                                  dropout=0.0, ring_wrap=wrap)).eval()
+    lengths = [6, 4, 1, 2]
+    n = max(lengths)
+    x = torch.randn(len(lengths), n, 12)
+    idx = torch.arange(n)[None]
+    L = torch.tensor(lengths)[:, None]
+    pad = idx < (n - L) if left_pad else idx >= L
+    with torch.no_grad():
+        nodes, relay = star(x, pad)
+        ref_nodes, ref_relay = _naive_cycle_reference(star, x, pad)
+    assert (nodes - ref_nodes).abs().max() < 1e-5
+    assert (relay - ref_relay).abs().max() < 1e-5
+
+
+def test_ring_wrap_links_first_and_last_token():
+    """Closed ring: with one cycle, the first token sees the last one directly; open ring: only via the relay."""
+    torch.manual_seed(0)
+    for wrap in (True, False):
+        star = StarTransformer(StarTransformerOptions(embed_dim=8, layers=1, attention_heads=2, max_positions=16,
+                                                      dropout=0.0, ring_wrap=wrap)).eval()
+        x = torch.randn(1, 6, 8, requires_grad=True)
+        nodes, _ = star(x)
+        (nodes[0, 0] * torch.randn(8)).sum().backward()  # LN outputs sum to a constant
+        # the last token reaches h_0 through the ring (wrap) and through s^0 = mean (both)
+        g_last, g_mid = x.grad[0, 5].abs().sum(), x.grad[0, 3].abs().sum()
+        assert (g_last > g_mid * 1.5) == wrap, (wrap, g_last, g_mid)
+
+
+@pytest.mark.parametrize("extra", [
+    [],
+    ["--arch", "star_transformer_fastnlp"],
+    ["--star-norm-position", "pre", "--star-residual", "--encoder-ffn-embed-dim", "32", "--init-std", "0.02"],
+    ["--star-no-ring-wrap", "--star-activation", "leaky_relu", "--encoder-head-dim", "5"],
+    ["--encoder-type", "transformer"],  # the A/B baseline behind the same heads
+])
+def test_padding_invariance_classification(extra):
+    """A sentence's logits and satellites alone equal those inside a right- or left-padded batch."""
+    arch = "star_transformer"
+    if "--arch" in extra:
+        arch = extra[1]
+        extra = extra[2:]
+    model, d = build(arch, TINY + extra)
+    model.register_classification_head("sentence_classification_head", num_classes=3)
+    model.eval()
+    fastnlp_like = arch == "star_transformer_fastnlp"
+    sents = random_sentences(d, [7, 3, 5, 1])
+    from fairseq.data import data_utils
+    for left in (False, True):
+        toks = data_utils.collate_tokens(sents, d.pad(), left_pad=left)
+        with torch.no_grad():
+            logits, _ = model(toks, classification_head_name="sentence_classification_head")
+            feats, _ = model(toks)
+            for i, s in enumerate(sents):
+                alone, _ = model(s[None], classification_head_name="sentence_classification_head")
+                alone_feats, _ = model(s[None])
+                n = len(s)
+                row = feats[i, -n:] if left else feats[i, :n]
+                diff = max((alone - logits[i]).abs().max().item(), (alone_feats[0] - row).abs().max().item())
+                if fastnlp_like:
+                    # fastNLP's semantics (unmasked pads) are NOT padding invariant: documented deviation
+                    if n < len(sents[0]) and not left:
+                        assert diff > 1e-6
+                else:
+                    assert diff < 1e-5, (extra, left, i, diff)
+
+
+def test_position_table_overflow_is_a_clear_error():
+    model, d = build("star_transformer", ["--encoder-embed-dim", "16", "--encoder-attention-heads", "2",
+                                          "--max-positions", "8"])
+    toks = random_sentences(d, [12])[0][None]
+    with pytest.raises(ValueError, match=r"13 tokens is longer than the position table \(--max-positions 8\)"):
+        model(toks)
+
+
+def test_bad_flag_values():
+    with pytest.raises(ValueError, match="--star-activation"):
+        StarTransformer(StarTransformerOptions(embed_dim=8, attention_heads=2, activation="gelu"))
+    with pytest.raises(ValueError, match="--star-norm-position"):
+        StarTransformer(StarTransformerOptions(embed_dim=8, attention_heads=2, norm_position="middle"))
+
+
+def test_pretrained_vectors(tmp_path):
+    d = toy_dictionary(5)
+    glove = tmp_path / "vec.txt"
+    glove.write_text("w0 " + " ".join(["0.5"] * 16) + "\nnotinvocab " + " ".join(["1"] * 16) + "\n"
+                     "w3 " + " ".join(["-1"] * 16) + "\n")
+    model, _ = build("star_transformer", TINY + ["--pretrained-embeddings", glove, "--freeze-embeddings"],
+                     dictionary=d)
+    emb = model.encoder.embed_tokens
+    assert torch.allclose(emb.weight[d.index("w0")], torch.full((16,), 0.5))
+    assert torch.allclose(emb.weight[d.index("w3")], torch.full((16,), -1.0))
+    assert not emb.weight.requires_grad
+    # word2vec text format with a header line
+    w2v = tmp_path / "w2v.txt"
+    w2v.write_text("1 16\nw1 " + " ".join(["2"] * 16) + "\n")
+    model, _ = build("star_transformer", TINY + ["--pretrained-embeddings", w2v],
+                     dictionary=d)
+    assert torch.allclose(model.encoder.embed_tokens.weight[d.index("w1")], torch.full((16,), 2.0))
+    assert model.encoder.embed_tokens.weight.requires_grad
+    bad = tmp_path / "bad.txt"
+    bad.write_text("w0 " + " ".join(["0.5"] * 16) + "\nw1 1 2 3\n")
+    with pytest.raises(ValueError, match=r"bad\.txt:2: vector for 'w1' has dimension 3, but the embedding table "
+                                         r"has dimension 16"):
+        build("star_transformer", TINY + ["--pretrained-embeddings", bad], dictionary=d)
+
+
+def ddp_setup():
+    torch.manual_seed(0)
+    model, d = build("star_transformer", TINY + ["--encoder-ffn-embed-dim", "16", "--star-residual"])
+    model.register_classification_head("head", num_classes=3)
+    model.train()
+    from fairseq.data import data_utils
+    batches = []
+    for seed in (1, 2):
+        sents = random_sentences(d, [5, 3, 6], seed=seed)
+        batches.append((data_utils.collate_tokens(sents, d.pad()), torch.tensor([0, 2, 1])))
+
+    def loss_fn(m, batch):
+        toks, y = batch
+        logits, _ = m(toks, classification_head_name="head")
+        return torch.nn.functional.cross_entropy(logits, y)
+
+    return model, batches, loss_fn
+
+
+def test_ddp_ready():
+    assert_ddp_matches_single_process("tests.test_star_transformer:ddp_setup")
+
+
+def test_span_f1_hand_checked():
+    """Entity-level F1 on a hand-checked example, and agreement with seqeval's own f1_score."""
+    from seqeval.metrics import f1_score
+
+    from user_dir.tasks.sequence_tagging import span_counts
+
+    gold = [["B-PER", "I-PER", "O", "B-LOC", "O"], ["B-ORG", "O", "B-PER"]]
+    pred = [["B-PER", "I-PER", "O", "B-ORG", "O"], ["B-ORG", "O", "I-PER"]]
+    # gold spans: PER(0-1), LOC(3), ORG(0), PER(2)  -> 4;  predicted: PER(0-1), ORG(3), ORG(0), PER(2) -> 4
+    # correct: PER(0-1), ORG(0), PER(2) (I-PER after O starts a span, conlleval convention) -> 3
+    counts = [span_counts(p, g) for p, g in zip(pred, gold)]
+    tp, npred, ngold = (sum(c[i] for c in counts) for i in range(3))
+    assert (tp, npred, ngold) == (3, 4, 4)
+    f1 = 2 * (tp / npred) * (tp / ngold) / (tp / npred + tp / ngold)
+    assert f1 == pytest.approx(0.75)
+    assert f1 == pytest.approx(f1_score(gold, pred))
+
+
+def test_crf_matches_brute_force():
+    """CRF log-partition and Viterbi equal explicit enumeration over all tag paths."""
+    import itertools
+
+    from user_dir.modules.crf import LinearChainCRF
+
+    torch.manual_seed(0)
+    K, n = 3, 4
+    crf = LinearChainCRF(K)
+    for p in crf.parameters():
+        torch.nn.init.normal_(p)
+    em = torch.randn(2, n, K)
+    mask = torch.tensor([[True] * 4, [True, True, True, False]])
+    tags = torch.tensor([[0, 2, 1, 1], [2, 2, 0, 0]])
+
+    def score(e, path):
+        s = crf.start[path[0]] + e[0, path[0]] + crf.end[path[-1]]
+        for i in range(1, len(path)):
+            s = s + crf.transitions[path[i - 1], path[i]] + e[i, path[i]]
+        return s
+
+    nll, best = 0.0, []
+    for b in range(2):
+        m = int(mask[b].sum())
+        paths = list(itertools.product(range(K), repeat=m))
+        scores = torch.stack([score(em[b, :m], p) for p in paths])
+        nll = nll + torch.logsumexp(scores, 0) - score(em[b, :m], tags[b, :m].tolist())
+        best.append(list(paths[int(scores.argmax())]) + [0] * (n - m))
+    assert torch.allclose(crf.nll(em, tags, mask), nll, atol=1e-5)
+    assert crf.decode(em, mask).tolist() == best
+
+
+def test_checkpoint_activations_same_gradients():
+    """--checkpoint-activations recomputes cycles in backward: identical loss and gradients."""
+    grads = []
+    for flag in ([], ["--checkpoint-activations"]):
+        model, d = build("star_transformer", TINY + ["--dropout", "0.2"] + flag, seed=3)
+        model.train()
+        torch.manual_seed(5)
+        toks = torch.stack(random_sentences(d, [6, 6], seed=2))
+        feats, _ = model(toks)
+        feats.pow(2).sum().backward()
+        grads.append([p.grad.clone() for p in model.parameters() if p.grad is not None])
+    assert len(grads[0]) == len(grads[1]) > 0
+    for a, b in zip(*grads):
+        assert torch.allclose(a, b, atol=1e-5)

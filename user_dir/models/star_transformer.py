@@ -1,0 +1,404 @@
+"""Star-Transformer encoder models (Guo et al., NAACL 2019) for fairseq.
+
+``--arch star_transformer`` is an encoder-only model with RoBERTa's head interface, so it
+runs with fairseq's own ``sentence_prediction`` task and criterion, and with the plugin's
+``sentence_pair_classification``, ``sequence_tagging`` and ``masked_summation`` tasks:
+
+* sentence classification (paper Sec. 3.3 / 5.2): r = s^T + max_i(h_i^T) -> MLP;
+* NLI as a sentence-vector model (paper Sec. 5.3): premise and hypothesis encoded
+  separately, [r1; r2; |r1 - r2|; r1 * r2] -> MLP (``pair_tokens`` in ``net_input``);
+* sequence labelling (paper Sec. 5.4): h_i^T -> linear (optionally a CRF);
+* masked summation (paper Sec. 5.1): continuous inputs (``src_features``) -> regression.
+
+Pre-trained word vectors (GloVe or word2vec text format) fill the embedding table with
+``--pretrained-embeddings FILE``; ``--freeze-embeddings`` keeps them fixed as in the paper.
+The encoder itself lives in :mod:`user_dir.modules.star_transformer_layer`.
+"""
+import logging
+import math
+import os
+from dataclasses import dataclass, field
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from fairseq import utils
+from fairseq.dataclass import ChoiceEnum, FairseqDataclass
+from fairseq.models import FairseqEncoder, FairseqEncoderModel, register_model, register_model_architecture
+from torch import nn
+
+from ..modules.star_transformer_layer import StarTransformer, StarTransformerOptions
+
+logger = logging.getLogger(__name__)
+
+ACTIVATION_CHOICES = ChoiceEnum(["relu", "leaky_relu"])
+ENCODER_CHOICES = ChoiceEnum(["star", "transformer"])
+NORM_CHOICES = ChoiceEnum(["post", "pre"])
+POOLING_CHOICES = ChoiceEnum(["sum", "mean"])
+
+
+@dataclass
+class StarTransformerConfig(FairseqDataclass):
+    encoder_type: ENCODER_CHOICES = field(default="star", metadata={
+        "help": "star, or 'transformer': fairseq's TransformerEncoder of equal d/heads/layers (FFN "
+                "--encoder-ffn-embed-dim, default 4d) behind the same heads, as a baseline"})
+    encoder_embed_dim: int = field(default=300, metadata={"help": "hidden size d of satellites and relay"})
+    word_embed_dim: int = field(default=0, metadata={
+        "help": "word-vector size; 0 = encoder_embed_dim, otherwise a linear map to d (fastNLP StarTransEnc)"})
+    encoder_layers: int = field(default=2, metadata={"help": "T, number of update cycles (separate parameters)"})
+    encoder_attention_heads: int = field(default=6, metadata={"help": "attention heads"})
+    encoder_head_dim: int = field(default=0, metadata={"help": "per-head size; 0 = d / heads (fastNLP: 50)"})
+    encoder_ffn_embed_dim: int = field(default=0, metadata={"help": "FFN sub-layer size; 0 = none (paper)"})
+    max_positions: int = field(default=512, metadata={"help": "size of the learned position table"})
+    dropout: float = field(default=0.1, metadata={"help": "embedding and block-output dropout"})
+    attention_dropout: float = field(default=0.0, metadata={"help": "dropout on attention weights"})
+    star_activation: ACTIVATION_CHOICES = field(default="relu", metadata={"help": "relu (paper) or leaky_relu (fastNLP)"})
+    star_norm_position: NORM_CHOICES = field(default="post", metadata={"help": "post (paper) or pre (fastNLP)"})
+    star_no_relay_norm: bool = field(default=False, metadata={
+        "help": "no LayerNorm on the relay (fastNLP); the paper normalises it"})
+    star_no_ring_wrap: bool = field(default=False, metadata={
+        "help": "open ring, no first <-> last token link (fastNLP, Tencent); the paper closes the ring"})
+    star_unmasked_ring_pads: bool = field(default=False, metadata={
+        "help": "do not mask padded / missing ring neighbours: zero keys at the ends, pads visible (fastNLP)"})
+    star_unmasked_relay_init: bool = field(default=False, metadata={
+        "help": "s^0 = mean over all positions, pads included (fastNLP); default: over real tokens"})
+    star_residual: bool = field(default=False, metadata={"help": "residual connections (for deeper stacks)"})
+    init_std: float = field(default=0.0, metadata={"help": ">0: N(0, std) init of projections (fastNLP 0.05); 0 = xavier"})
+    layernorm_eps: float = field(default=1e-5)
+    checkpoint_activations: bool = field(default=False, metadata={
+        "help": "recompute each Star cycle in the backward pass (less activation memory, ~1/3 more compute)"})
+    pretrained_embeddings: Optional[str] = field(default=None, metadata={
+        "help": "GloVe / word2vec text file loaded into the embedding table"})
+    freeze_embeddings: bool = field(default=False, metadata={"help": "keep the word embeddings fixed (paper)"})
+    normalize_pretrained: bool = field(default=False, metadata={"help": "L2-normalise loaded vectors (fastNLP)"})
+    input_features: int = field(default=0, metadata={
+        "help": ">0: continuous inputs of this size (src_features) instead of tokens (masked summation)"})
+    sentence_pooling: POOLING_CHOICES = field(default="sum", metadata={
+        "help": "sum: s^T + max(H^T) (paper); mean: 0.5 (s^T + max(H^T)) (fastNLP)"})
+    classifier_hidden_dim: int = field(default=0, metadata={"help": "MLP hidden size; 0 = encoder_embed_dim"})
+    pooler_activation_fn: ChoiceEnum(["leaky_relu", "relu", "tanh", "gelu"]) = field(default="leaky_relu", metadata={
+        "help": "MLP activation (fastNLP: leaky_relu)"})
+    pooler_dropout: float = field(default=0.1)
+
+
+def load_word_vectors(path, dictionary, embedding: nn.Embedding, normalize=False):
+    """Fills ``embedding`` rows of words found in a GloVe/word2vec text file; returns #found.
+
+    Raises ``ValueError`` naming the file and line when a vector's size is not the table's.
+    """
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"--pretrained-embeddings: file not found: {path}")
+    dim = embedding.embedding_dim
+    found, first = 0, True
+    with open(path, encoding="utf-8", errors="replace") as f, torch.no_grad():
+        for lineno, line in enumerate(f, 1):
+            parts = line.rstrip().split(" ")
+            if lineno == 1 and len(parts) == 2 and all(p.isdigit() for p in parts):
+                if int(parts[1]) != dim:
+                    raise ValueError(f"{path}:1: word2vec header says dimension {parts[1]}, but the "
+                                     f"embedding table has dimension {dim} (--word-embed-dim/--encoder-embed-dim)")
+                continue  # word2vec header "count dim"
+            if len(parts) < 2:
+                continue
+            if len(parts) - 1 < dim or (first and len(parts) - 1 != dim):
+                raise ValueError(f"{path}:{lineno}: vector for {parts[0]!r} has dimension {len(parts) - 1}, but the "
+                                 f"embedding table has dimension {dim} (--word-embed-dim/--encoder-embed-dim)")
+            first = False
+            if len(parts) - 1 > dim:  # GloVe 840B has a few words containing spaces
+                parts = [" ".join(parts[: len(parts) - dim])] + parts[len(parts) - dim:]
+            idx = dictionary.index(parts[0])
+            if idx == dictionary.unk() and parts[0] != dictionary.unk_word:
+                continue
+            try:
+                vec = torch.tensor([float(x) for x in parts[1:]])
+            except ValueError:
+                raise ValueError(f"{path}:{lineno}: non-numeric value in the vector for {parts[0]!r}") from None
+            if normalize:
+                vec = vec / vec.norm().clamp(min=1e-12)
+            embedding.weight[idx] = vec
+            found += 1
+        if embedding.padding_idx is not None:
+            embedding.weight[embedding.padding_idx].zero_()
+    logger.info(f"loaded {found} of {len(dictionary)} word vectors from {path}")
+    return found
+
+
+class StarTransformerEncoder(FairseqEncoder):
+    """Token (or feature) embeddings -> Star-Transformer; fairseq encoder_out layout (T x B x C).
+
+    Besides the satellites H^T in ``encoder_out``, the relay s^T is returned as
+    ``encoder_relay`` (B x C).
+    """
+
+    def __init__(self, cfg, dictionary):
+        super().__init__(dictionary)
+        d = cfg.encoder_embed_dim
+        self.cfg = cfg
+        self.padding_idx = dictionary.pad() if dictionary is not None else 1
+        if cfg.input_features > 0:
+            self.embed_tokens = None
+            self.input_proj = nn.Linear(cfg.input_features, d)
+        else:
+            wdim = cfg.word_embed_dim or d
+            self.embed_tokens = nn.Embedding(len(dictionary), wdim, padding_idx=self.padding_idx)
+            nn.init.normal_(self.embed_tokens.weight, 0.0, wdim ** -0.5)
+            nn.init.zeros_(self.embed_tokens.weight[self.padding_idx])
+            if cfg.pretrained_embeddings:
+                load_word_vectors(cfg.pretrained_embeddings, dictionary, self.embed_tokens,
+                                  normalize=cfg.normalize_pretrained)
+            if cfg.freeze_embeddings:
+                self.embed_tokens.weight.requires_grad = False
+            self.input_proj = nn.Linear(wdim, d) if wdim != d else None
+        self.star = StarTransformer(StarTransformerOptions(
+            embed_dim=d, layers=cfg.encoder_layers, attention_heads=cfg.encoder_attention_heads,
+            head_dim=cfg.encoder_head_dim, max_positions=cfg.max_positions, dropout=cfg.dropout,
+            attention_dropout=cfg.attention_dropout, activation=cfg.star_activation,
+            norm_position=cfg.star_norm_position, relay_norm=not cfg.star_no_relay_norm,
+            ring_wrap=not cfg.star_no_ring_wrap, ring_mask_pads=not cfg.star_unmasked_ring_pads,
+            relay_init_mask_pads=not cfg.star_unmasked_relay_init, residual=cfg.star_residual,
+            ffn_dim=cfg.encoder_ffn_embed_dim, init_std=cfg.init_std, layernorm_eps=cfg.layernorm_eps,
+            checkpoint_cycles=cfg.checkpoint_activations,
+        ))
+
+    def forward(self, src_tokens=None, src_lengths=None, src_features=None, **kwargs):
+        if src_features is not None:
+            if self.input_proj is None or self.embed_tokens is not None:
+                raise ValueError("src_features given, but the model was built for tokens (--input-features 0)")
+            B, n, _ = src_features.shape
+            x = self.input_proj(src_features)
+            if src_lengths is not None:
+                pad_mask = torch.arange(n, device=x.device)[None, :] >= src_lengths.to(x.device)[:, None]
+            else:
+                pad_mask = torch.zeros(B, n, dtype=torch.bool, device=x.device)
+        else:
+            if self.embed_tokens is None:
+                raise ValueError("this model takes continuous inputs (src_features), not src_tokens")
+            pad_mask = src_tokens.eq(self.padding_idx)
+            x = self.embed_tokens(src_tokens)
+            if self.input_proj is not None:
+                x = self.input_proj(x)
+        nodes, relay = self.star(x, pad_mask)
+        return {
+            "encoder_out": [nodes.transpose(0, 1)],  # T x B x C
+            "encoder_padding_mask": [pad_mask],  # B x T
+            "encoder_relay": [relay],  # B x C
+            "encoder_embedding": [x],
+            "encoder_states": [],
+            "src_tokens": [],
+            "src_lengths": [src_lengths] if src_lengths is not None else [],
+        }
+
+    @torch.jit.export
+    def reorder_encoder_out(self, encoder_out, new_order):
+        """Selects the beam's batch rows of every tensor in ``encoder_out`` (beam search)."""
+        out = {}
+        for key, values in encoder_out.items():
+            dim = 1 if key == "encoder_out" else 0
+            out[key] = [v.index_select(dim, new_order) for v in values]
+        return out
+
+    def max_positions(self):
+        return self.cfg.max_positions if self.cfg.max_positions > 0 else int(1e6)
+
+
+class BaselineTransformerEncoder(FairseqEncoder):
+    """fairseq's ``TransformerEncoder`` (learned positions, post-norm, FFN 4d unless set) for A/B runs.
+
+    Returns the Star encoder's layout; ``encoder_relay`` is the mean of the outputs over real
+    tokens, so the sentence vector is mean + max pooling.
+    """
+
+    def __init__(self, cfg, dictionary):
+        super().__init__(dictionary)
+        from argparse import Namespace
+
+        from fairseq.models.transformer import TransformerEncoder, base_architecture
+
+        d = cfg.encoder_embed_dim
+        if cfg.input_features > 0:
+            raise ValueError("--encoder-type transformer does not support --input-features")
+        args = Namespace(encoder_embed_dim=d, encoder_ffn_embed_dim=cfg.encoder_ffn_embed_dim or 4 * d,
+                         encoder_layers=cfg.encoder_layers, encoder_attention_heads=cfg.encoder_attention_heads,
+                         max_source_positions=cfg.max_positions, dropout=cfg.dropout,
+                         attention_dropout=cfg.attention_dropout, encoder_learned_pos=True)
+        base_architecture(args)
+        emb = nn.Embedding(len(dictionary), d, padding_idx=dictionary.pad())
+        nn.init.normal_(emb.weight, 0.0, d ** -0.5)
+        nn.init.zeros_(emb.weight[dictionary.pad()])
+        if cfg.pretrained_embeddings:
+            load_word_vectors(cfg.pretrained_embeddings, dictionary, emb, normalize=cfg.normalize_pretrained)
+        if cfg.freeze_embeddings:
+            emb.weight.requires_grad = False
+        self.cfg = cfg
+        self.inner = TransformerEncoder(args, dictionary, emb)
+
+    def forward(self, src_tokens=None, src_lengths=None, **kwargs):
+        out = self.inner(src_tokens, src_lengths=src_lengths)
+        x, pad = out["encoder_out"][0], src_tokens.eq(self.dictionary.pad())
+        real = (~pad).t().unsqueeze(-1).to(x.dtype)
+        relay = (x * real).sum(0) / real.sum(0).clamp(min=1)
+        return {"encoder_out": [x], "encoder_padding_mask": [pad], "encoder_relay": [relay],
+                "encoder_embedding": [], "encoder_states": [], "src_tokens": [], "src_lengths": []}
+
+    def reorder_encoder_out(self, encoder_out, new_order):
+        return StarTransformerEncoder.reorder_encoder_out(self, encoder_out, new_order)
+
+    def max_positions(self):
+        return self.cfg.max_positions
+
+
+def sentence_vector(encoder_out, pooling="sum"):
+    """r = s^T + max_i h_i^T over real tokens (paper Sec. 3.3); ``mean`` halves it (fastNLP)."""
+    nodes = encoder_out["encoder_out"][0].transpose(0, 1)  # B T C
+    pad = encoder_out["encoder_padding_mask"][0]
+    pooled = nodes.masked_fill(pad.unsqueeze(-1), float("-inf")).max(1).values
+    r = encoder_out["encoder_relay"][0] + pooled
+    return 0.5 * r if pooling == "mean" else r
+
+
+class StarClassificationHead(nn.Module):
+    """MLP classifier on the sentence vector (fastNLP ``_Cls``: Linear -> act -> dropout -> Linear)."""
+
+    def __init__(self, input_dim, inner_dim, num_classes, activation_fn, pooler_dropout):
+        super().__init__()
+        self.dropout = nn.Dropout(pooler_dropout)
+        self.dense = nn.Linear(input_dim, inner_dim)
+        self.activation_fn = F.leaky_relu if activation_fn == "leaky_relu" else utils.get_activation_fn(activation_fn)
+        self.out_proj = nn.Linear(inner_dim, num_classes)
+
+    def forward(self, x):
+        return self.out_proj(self.dropout(self.activation_fn(self.dense(self.dropout(x)))))
+
+
+@register_model("star_transformer", dataclass=StarTransformerConfig)
+class StarTransformerModel(FairseqEncoderModel):
+    """Star-Transformer encoder with RoBERTa-style classification heads and a tagging head."""
+
+    def __init__(self, cfg, encoder):
+        super().__init__(encoder)
+        self.cfg = cfg
+        self.classification_heads = nn.ModuleDict()
+        self.tagging_heads = nn.ModuleDict()
+
+    @classmethod
+    def build_model(cls, cfg, task):
+        dictionary = getattr(task, "source_dictionary", None)
+        if cfg.encoder_type == "transformer":
+            return cls(cfg, BaselineTransformerEncoder(cfg, dictionary))
+        return cls(cfg, StarTransformerEncoder(cfg, dictionary))
+
+    # ----------------------------------------------------------------- heads
+    def register_classification_head(self, name, num_classes=None, inner_dim=None, input_multiplier=1, **kwargs):
+        """RoBERTa's interface (used by fairseq's ``sentence_prediction`` task).
+
+        ``input_multiplier=4`` builds the NLI head over [r1; r2; |r1 - r2|; r1 * r2].
+        """
+        d = self.cfg.encoder_embed_dim
+        inner = inner_dim or self.cfg.classifier_hidden_dim or d
+        self.classification_heads[name] = StarClassificationHead(
+            d * input_multiplier, inner, num_classes, self.cfg.pooler_activation_fn, self.cfg.pooler_dropout)
+
+    def register_tagging_head(self, name, num_tags, crf=False):
+        from ..modules.crf import TaggingHead
+
+        self.tagging_heads[name] = TaggingHead(self.cfg.encoder_embed_dim, num_tags, crf=crf,
+                                               dropout=self.cfg.pooler_dropout)
+
+    # --------------------------------------------------------------- forward
+    def sentence_vector(self, src_tokens=None, src_lengths=None, src_features=None):
+        enc = self.encoder(src_tokens, src_lengths, src_features=src_features)
+        return sentence_vector(enc, self.cfg.sentence_pooling), enc
+
+    def forward(self, src_tokens=None, src_lengths=None, features_only=False, classification_head_name=None,
+                pair_tokens=None, pair_lengths=None, src_features=None, **kwargs):
+        """With ``classification_head_name``: ``(logits, extra)``; otherwise ``(H^T as B x T x C, extra)``.
+
+        ``pair_tokens`` (NLI): the hypothesis, encoded separately by the same encoder.
+        """
+        r, enc = self.sentence_vector(src_tokens, src_lengths, src_features)
+        extra = {"relay": enc["encoder_relay"][0], "padding_mask": enc["encoder_padding_mask"][0],
+                 "sentence_vector": r}
+        if classification_head_name is None:
+            return enc["encoder_out"][0].transpose(0, 1), extra
+        if pair_tokens is not None:
+            r2, _ = self.sentence_vector(pair_tokens, pair_lengths)
+            r = torch.cat([r, r2, (r - r2).abs(), r * r2], -1)
+        return self.classification_heads[classification_head_name](r), extra
+
+    def upgrade_state_dict_named(self, state_dict, name):
+        super().upgrade_state_dict_named(state_dict, name)
+        # keep heads the task registered but the checkpoint lacks (and vice versa)
+        prefix = name + "." if name else ""
+        for attr in ("classification_heads", "tagging_heads"):
+            current = getattr(self, attr)
+            for k, v in current.state_dict().items():
+                key = f"{prefix}{attr}.{k}"
+                if key not in state_dict:
+                    state_dict[key] = v
+
+    def max_positions(self):
+        return self.encoder.max_positions()
+
+
+def _set(args, name, value):
+    setattr(args, name, getattr(args, name, value))
+
+
+@register_model_architecture("star_transformer", "star_transformer_base")
+def star_transformer_base(args):
+    """Paper-faithful defaults: d = 300, 2 cycles, 6 heads (fastNLP reproduction sizes)."""
+    _set(args, "encoder_embed_dim", 300)
+    _set(args, "encoder_layers", 2)
+    _set(args, "encoder_attention_heads", 6)
+
+
+@register_model_architecture("star_transformer", "star_transformer_sst")
+def star_transformer_sst(args):
+    """SST: d = 300 GloVe (frozen, as in the paper), 2 cycles x 6 heads x 50, MLP 200, dropout 0.4."""
+    _set(args, "encoder_head_dim", 50)
+    _set(args, "dropout", 0.4)
+    _set(args, "pooler_dropout", 0.4)
+    _set(args, "classifier_hidden_dim", 200)
+    _set(args, "max_positions", 256)  # the paper truncates at 256
+    star_transformer_base(args)
+
+
+@register_model_architecture("star_transformer", "star_transformer_snli")
+def star_transformer_snli(args):
+    """SNLI (sentence-vector model): as SST, MLP 600."""
+    _set(args, "classifier_hidden_dim", 600)
+    star_transformer_sst(args)
+
+
+@register_model_architecture("star_transformer", "star_transformer_tagging")
+def star_transformer_tagging(args):
+    """POS / NER: d = 300, 2 cycles x 6 heads x 50, dropout 0.3 (fastNLP POS reproduction)."""
+    _set(args, "encoder_head_dim", 50)
+    _set(args, "dropout", 0.3)
+    _set(args, "pooler_dropout", 0.3)
+    star_transformer_base(args)
+
+
+@register_model_architecture("star_transformer", "star_transformer_fastnlp")
+def star_transformer_fastnlp(args):
+    """fastNLP 1.0.1 ``StarTransformer`` semantics (pre-norm, leaky ReLU, open zero-padded ring)."""
+    _set(args, "star_activation", "leaky_relu")
+    _set(args, "star_norm_position", "pre")
+    _set(args, "star_no_relay_norm", True)
+    _set(args, "star_no_ring_wrap", True)
+    _set(args, "star_unmasked_ring_pads", True)
+    _set(args, "star_unmasked_relay_init", True)
+    _set(args, "layernorm_eps", 1e-6)
+    _set(args, "sentence_pooling", "mean")
+    _set(args, "init_std", 0.05)
+    star_transformer_sst(args)
+
+
+@register_model_architecture("star_transformer", "star_transformer_deep")
+def star_transformer_deep(args):
+    """Deeper stack with the fastNLP author's advice: FFN, residual, small init (issue #267)."""
+    _set(args, "encoder_layers", 6)
+    _set(args, "encoder_ffn_embed_dim", 1200)
+    _set(args, "star_residual", True)
+    _set(args, "init_std", 0.02)
+    star_transformer_base(args)

@@ -1,0 +1,385 @@
+"""Star-Transformer encoder (Guo et al., NAACL 2019, arXiv 1902.09113), linear in the length.
+
+Paper, Sec. 2 ("Implementation"/"Update") and Algorithm 1::
+
+    H^0 = E,  s^0 = average(E)                              # E: token + learned position embeddings
+    for t = 1..T:                                            # separate parameters per step
+        C_i^t = [h_{i-1}^{t-1}; h_i^{t-1}; h_{i+1}^{t-1}; e_i; s^{t-1}]
+        h_i^t = LayerNorm(ReLU(MultiAtt(h_i^{t-1}, C_i^t)))   # (1) satellites, all i in parallel
+        s^t   = LayerNorm(ReLU(MultiAtt(s^{t-1}, [s^{t-1}; H^t])))  # (2) relay, uses the new H^t
+
+Where this module sits among the readings (design notes REFERENCE.md §1):
+
+* **Ring** (``ring_wrap``): the paper says "the first and last nodes are also connected"
+  (Sec. 2, ring connections), so the default closes the ring — *per sentence*: the first
+  real token's left neighbour is the sentence's last real token, whatever the padding.
+  fastNLP and Tencent's NeuralClassifier do not wrap (``ring_wrap=False``).
+* **Padded / missing neighbours** (``ring_mask_pads``): by default a neighbour that is
+  padding (or beyond the ends of an open ring) gets score −inf, so a sentence's outputs
+  do not depend on the batch it is in.  ``False`` reproduces fastNLP: the ends of the
+  sequence see a zero key/value (score 0, value 0, still taking softmax mass) and pad
+  satellites are ordinary neighbours.
+* **Norm placement** (``norm_position``): ``post`` = paper, LN(act(MultiAtt(h, C)));
+  ``pre`` = fastNLP, act(MultiAtt(LN(h), C)) with LN on the query and the ring keys only.
+* **Relay norm** (``relay_norm``): paper yes, fastNLP no.
+* **Activation**: ``relu`` (paper) or ``leaky_relu`` (fastNLP, slope 0.01).
+* **Relay initialisation** (``relay_init_mask_pads``): s^0 is the mean over the real tokens
+  (default) or over all positions including padding (fastNLP).
+* **Deeper stacks** (fastNLP issue #267, the first author's advice): ``residual``,
+  ``ffn_dim`` (> 0 adds a position-wise FFN sub-layer to satellites and relay) and
+  ``init_std`` (> 0: all projections ~ N(0, init_std), biases 0; fastNLP uses 0.05).
+* Heads: ``head_dim`` may differ from ``d / heads`` (fastNLP's 1×1-conv projections map
+  d → heads·head_dim), default ``d // heads``.
+
+Cost (paper, "Comparison to the standard Transformer"): O(5nd) for the ring, O(nd) for the
+relay.  The ring attention projects K and V once per step and reads the neighbours by
+slicing the projected tensors along the sequence axis, so no n×n tensor and no stacked
+copy of the five context vectors exist: the scores are a (B, n, H, 5) tensor and the
+weighted sum is accumulated in place.  The relay's single query is folded into its key
+and value projections (:class:`RelayAttention`), so the relay step is O(n d H) and stores
+no projected copy of H.  ``checkpoint_cycles`` recomputes each cycle during the backward
+pass, keeping only the cycle inputs (about one n x d tensor per cycle).
+"""
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+
+@dataclass
+class StarTransformerOptions:
+    """Hyper-parameters of :class:`StarTransformer` (names mirror the fairseq flags)."""
+
+    embed_dim: int = 300
+    layers: int = 2
+    attention_heads: int = 6
+    head_dim: int = 0  # 0: embed_dim // attention_heads
+    max_positions: int = 512  # 0: no position embeddings
+    dropout: float = 0.1  # embedding dropout and block-output dropout
+    attention_dropout: float = 0.0
+    activation: str = "relu"  # relu (paper) | leaky_relu (fastNLP)
+    norm_position: str = "post"  # post (paper) | pre (fastNLP)
+    relay_norm: bool = True
+    ring_wrap: bool = True
+    ring_mask_pads: bool = True
+    relay_init_mask_pads: bool = True
+    residual: bool = False
+    ffn_dim: int = 0
+    init_std: float = 0.0
+    layernorm_eps: float = 1e-5
+    checkpoint_cycles: bool = False  # recompute each cycle in the backward pass (activation memory ~ 1 n*d/cycle)
+
+    @classmethod
+    def fastnlp(cls, **kw):
+        """Flags that reproduce fastNLP 1.0.1 ``StarTransformer`` exactly."""
+        base = dict(activation="leaky_relu", norm_position="pre", relay_norm=False, ring_wrap=False,
+                    ring_mask_pads=False, relay_init_mask_pads=False, layernorm_eps=1e-6,
+                    attention_dropout=0.0)
+        base.update(kw)
+        return cls(**base)
+
+
+ACTIVATIONS = {"relu": F.relu, "leaky_relu": F.leaky_relu}
+
+
+class _Ring:
+    """Per-batch neighbour bookkeeping for the ring, computed once per forward pass.
+
+    ``left_missing``/``right_missing`` (B, n, 1) mark positions whose neighbour is masked;
+    ``first``/``last`` (B,) are each sentence's first and last real positions (for the wrap).
+    """
+
+    def __init__(self, pad_mask: Optional[torch.Tensor], B, n, device, wrap, mask_pads):
+        self.wrap, self.mask_pads = wrap, mask_pads
+        self.left_missing = self.right_missing = None
+        self.first = self.last = None
+        if not (wrap or mask_pads):
+            return  # fastNLP: open ring, zero keys at the ends, pads unmasked
+        pad = pad_mask if pad_mask is not None else torch.zeros(B, n, dtype=torch.bool, device=device)
+        edge = torch.ones(B, 1, dtype=torch.bool, device=device)
+        left = torch.cat([edge, pad[:, :-1]], 1)  # position i-1 absent or padding
+        right = torch.cat([pad[:, 1:], edge], 1)
+        if wrap:
+            real = ~pad
+            idx = torch.arange(n, device=device).expand(B, n)
+            self.first = torch.where(real, idx, n).min(1).values.clamp(max=n - 1)
+            self.last = torch.where(real, idx, -1).max(1).values.clamp(min=0)
+            rows = torch.arange(B, device=device)
+            left = left.clone()
+            right = right.clone()
+            left[rows, self.first] = False
+            right[rows, self.last] = False
+            # the shifted (non-wrapped) neighbour values must not be added at the wrapped slots
+            self.is_first = (idx == self.first[:, None])[..., None, None]  # B n 1 1
+            self.is_last = (idx == self.last[:, None])[..., None, None]
+        if not mask_pads:
+            # wrap without masking: only the two wrapped slots are replaced, pads stay visible
+            left = torch.zeros_like(left)
+            right = torch.zeros_like(right)
+        self.left_missing = left.unsqueeze(-1)
+        self.right_missing = right.unsqueeze(-1)
+
+
+def _dot(a, b):
+    """Per-head dot product over the last axis: (..., H, dh) x (..., H, dh) -> (..., H)."""
+    return (a * b).sum(-1)
+
+
+class _Projections(nn.Module):
+    """W^Q, W^K, W^V (d -> heads * head_dim, with bias, like fastNLP's 1x1 convs) and W^O."""
+
+    def __init__(self, embed_dim, heads, head_dim, attention_dropout=0.0):
+        super().__init__()
+        inner = heads * head_dim
+        self.heads, self.head_dim = heads, head_dim
+        self.q_proj = nn.Linear(embed_dim, inner)
+        self.k_proj = nn.Linear(embed_dim, inner)
+        self.v_proj = nn.Linear(embed_dim, inner)
+        self.out_proj = nn.Linear(inner, embed_dim)
+        self.attention_dropout = attention_dropout
+
+
+class RingAttention(_Projections):
+    """Satellite update MultiAtt(h_i, C_i) with C_i = [h_{i-1}; h_i; h_{i+1}; e_i; s] (Alg. 1, line 5)."""
+
+    def _split(self, x):
+        return x.view(*x.shape[:-1], self.heads, self.head_dim)
+
+    def forward(self, h, emb, relay, ring: _Ring):
+        """h, emb: (B, n, d); relay: (B, 1, d) -> (B, n, d)."""
+        B, n, _ = h.shape
+        q = self._split(self.q_proj(h)) * (self.head_dim ** -0.5)  # B n H dh
+        k, v = self._split(self.k_proj(h)), self._split(self.v_proj(h))
+        k_e, v_e = self._split(self.k_proj(emb)), self._split(self.v_proj(emb))
+        k_s, v_s = self._split(self.k_proj(relay)), self._split(self.v_proj(relay))  # B 1 H dh
+
+        s_self, s_e, s_s = _dot(q, k), _dot(q, k_e), _dot(q, k_s)
+        # neighbours by shifting along the sequence: score 0 at the open ends (= zero key)
+        s_left = F.pad(_dot(q[:, 1:], k[:, :-1]), (0, 0, 1, 0))
+        s_right = F.pad(_dot(q[:, :-1], k[:, 1:]), (0, 0, 0, 1))
+        rows = torch.arange(B, device=h.device)
+        if ring.wrap:
+            # closed ring: first real token <-> last real token of the same sentence
+            f, l_ = ring.first, ring.last
+            s_left = s_left.index_put((rows, f), _dot(q[rows, f], k[rows, l_]))
+            s_right = s_right.index_put((rows, l_), _dot(q[rows, l_], k[rows, f]))
+        if ring.left_missing is not None:
+            s_left = s_left.masked_fill(ring.left_missing, float("-inf"))
+            s_right = s_right.masked_fill(ring.right_missing, float("-inf"))
+        probs = torch.stack([s_left, s_self, s_right, s_e, s_s], -1).softmax(-1)  # B n H 5
+        probs = F.dropout(probs, self.attention_dropout, self.training)
+        p = probs.unsqueeze(-1)
+        out = p[..., 1, :] * v + p[..., 3, :] * v_e + p[..., 4, :] * v_s
+        p_left, p_right = p[..., 0, :], p[..., 2, :]
+        if ring.wrap:
+            p_left = p_left.masked_fill(ring.is_first, 0.0)
+            p_right = p_right.masked_fill(ring.is_last, 0.0)
+        out[:, 1:] += p_left[:, 1:] * v[:, :-1]
+        out[:, :-1] += p_right[:, :-1] * v[:, 1:]
+        if ring.wrap:
+            f, l_ = ring.first, ring.last
+            wrapped = torch.stack([p[rows, f, :, 0] * v[rows, l_], p[rows, l_, :, 2] * v[rows, f]], 1)
+            out = out.index_put((torch.cat([rows, rows]), torch.cat([f, l_])),
+                                wrapped.transpose(0, 1).reshape(2 * B, self.heads, self.head_dim),
+                                accumulate=True)
+        return self.out_proj(out.reshape(B, n, -1))
+
+
+class RelayAttention(_Projections):
+    """Relay update MultiAtt(s, [s; H]) with padded satellites masked (Alg. 1, line 7)."""
+
+    def forward(self, s, nodes, pad_mask):
+        """s: (B, 1, d); nodes: (B, n, d); pad_mask: (B, n) True = pad, or None -> (B, 1, d).
+
+        With a single query the key and value projections of the n satellites are folded
+        into the query and the context (exact algebra, no approximation)::
+
+            q_h . (W_K,h h_j + b_K,h) = h_j . (W_K,h^T q_h) + q_h . b_K,h
+            sum_j a_hj (W_V,h h_j + b_V,h) = W_V,h (sum_j a_hj h_j) + b_V,h sum_j a_hj
+
+        so the relay costs O(n d H) instead of O(n d^2) and keeps no projected copy of H.
+        """
+        B, n, d = nodes.shape
+        H, dh = self.heads, self.head_dim
+        q = self.q_proj(s).view(B, H, dh) * (dh ** -0.5)
+        w_k = self.k_proj.weight.view(H, dh, d)
+        w_v = self.v_proj.weight.view(H, dh, d)
+        b_k, b_v = self.k_proj.bias.view(H, dh), self.v_proj.bias.view(H, dh)
+        u = torch.einsum("bhe,hed->bhd", q, w_k)  # W_K,h^T q_h
+        scores_nodes = torch.einsum("bnd,bhd->bhn", nodes, u) + (q * b_k).sum(-1, keepdim=True)
+        k_s = self.k_proj(s).view(B, H, 1, dh)
+        score_relay = torch.matmul(k_s, q.unsqueeze(-1)).squeeze(-1)  # B H 1
+        if pad_mask is not None:
+            scores_nodes = scores_nodes.masked_fill(pad_mask[:, None, :], float("-inf"))
+        probs = torch.cat([score_relay, scores_nodes], -1).softmax(-1)  # B H 1+n
+        probs = F.dropout(probs, self.attention_dropout, self.training)
+        p_relay, p_nodes = probs[..., :1], probs[..., 1:]
+        context = torch.einsum("bhn,bnd->bhd", p_nodes, nodes)
+        out = torch.einsum("bhd,hed->bhe", context, w_v) + b_v * p_nodes.sum(-1, keepdim=True)
+        out = out + p_relay * self.v_proj(s).view(B, H, dh)
+        return self.out_proj(out.reshape(B, 1, H * dh))
+
+
+class _FFN(nn.Module):
+    def __init__(self, d, ffn_dim, activation):
+        super().__init__()
+        self.fc1, self.fc2, self.act = nn.Linear(d, ffn_dim), nn.Linear(ffn_dim, d), activation
+
+    def forward(self, x):
+        return self.fc2(self.act(self.fc1(x)))
+
+
+class StarTransformerCycle(nn.Module):
+    """One update step t of Algorithm 1: satellites first, then the relay from the new H^t."""
+
+    def __init__(self, o: StarTransformerOptions, head_dim):
+        super().__init__()
+        self.o = o
+        d = o.embed_dim
+        self.act = ACTIVATIONS[o.activation]
+        self.ring_attn = RingAttention(d, o.attention_heads, head_dim, o.attention_dropout)
+        self.relay_attn = RelayAttention(d, o.attention_heads, head_dim, o.attention_dropout)
+        self.ring_norm = nn.LayerNorm(d, eps=o.layernorm_eps)
+        self.relay_norm = nn.LayerNorm(d, eps=o.layernorm_eps) if o.relay_norm else None
+        if o.ffn_dim > 0:
+            self.ring_ffn, self.relay_ffn = _FFN(d, o.ffn_dim, self.act), _FFN(d, o.ffn_dim, self.act)
+            self.ring_ffn_norm = nn.LayerNorm(d, eps=o.layernorm_eps)
+            self.relay_ffn_norm = nn.LayerNorm(d, eps=o.layernorm_eps) if o.relay_norm else None
+        else:
+            self.ring_ffn = self.relay_ffn = None
+
+    def _block(self, x, norm, fn):
+        """act(f(.)) with the configured norm placement, dropout and optional residual."""
+        pre, post = self.o.norm_position == "pre", self.o.norm_position == "post"
+        y = fn(norm(x) if (pre and norm is not None) else x)
+        y = F.dropout(self.act(y), self.o.dropout, self.training)
+        if self.o.residual:
+            y = x + y
+        return norm(y) if (post and norm is not None) else y
+
+    def _ffn(self, x, ffn, norm):
+        pre, post = self.o.norm_position == "pre", self.o.norm_position == "post"
+        y = F.dropout(ffn(norm(x) if (pre and norm is not None) else x), self.o.dropout, self.training)
+        y = x + y
+        return norm(y) if (post and norm is not None) else y
+
+    def forward(self, nodes, relay, emb, pad_mask, ring):
+        # (1) satellites; in pre-norm mode LN is applied to the query and ring keys only
+        # (e_i and s enter un-normalised, as in fastNLP)
+        nodes = self._block(nodes, self.ring_norm, lambda h: self.ring_attn(h, emb, relay, ring))
+        if self.ring_ffn is not None:
+            nodes = self._ffn(nodes, self.ring_ffn, self.ring_ffn_norm)
+        if pad_mask is not None:
+            nodes = nodes.masked_fill(pad_mask.unsqueeze(-1), 0.0)
+        # (2) relay, attending over [s^{t-1}; H^t]
+        relay = self._block(relay, self.relay_norm, lambda s: self.relay_attn(s, nodes, pad_mask))
+        if self.relay_ffn is not None:
+            relay = self._ffn(relay, self.relay_ffn, self.relay_ffn_norm)
+        return nodes, relay
+
+
+class StarTransformer(nn.Module):
+    """T Star-Transformer cycles over input embeddings (Alg. 1).
+
+    ``forward(x, pad_mask)``: x (B, n, d) token embeddings (projected to ``embed_dim``),
+    pad_mask (B, n) bool with True at padding (or None).  Returns ``(nodes, relay)``:
+    H^T (B, n, d) with padding zeroed, and s^T (B, d).
+    """
+
+    def __init__(self, options: StarTransformerOptions):
+        super().__init__()
+        o = self.options = options
+        if o.activation not in ACTIVATIONS:
+            raise ValueError(f"--star-activation must be one of {sorted(ACTIVATIONS)}, got {o.activation!r}")
+        if o.norm_position not in ("pre", "post"):
+            raise ValueError(f"--star-norm-position must be 'pre' or 'post', got {o.norm_position!r}")
+        head_dim = o.head_dim or o.embed_dim // o.attention_heads
+        if head_dim <= 0:
+            raise ValueError(f"head dim must be positive (embed_dim={o.embed_dim}, heads={o.attention_heads})")
+        self.head_dim = head_dim
+        self.embed_positions = nn.Embedding(o.max_positions, o.embed_dim) if o.max_positions > 0 else None
+        self.cycles = nn.ModuleList([StarTransformerCycle(o, head_dim) for _ in range(o.layers)])
+        self.reset_parameters()
+
+    def reset_parameters(self):
+        std = self.options.init_std
+        for name, p in self.cycles.named_parameters():
+            if "norm" in name:
+                continue
+            if name.endswith("bias"):
+                nn.init.zeros_(p)
+            elif std > 0:
+                nn.init.normal_(p, 0.0, std)
+            else:
+                nn.init.xavier_uniform_(p)
+        if self.embed_positions is not None:
+            nn.init.normal_(self.embed_positions.weight, 0.0, std if std > 0 else 0.02)
+
+    def positions(self, pad_mask, B, n, device):
+        """0-based positions counted from each sentence's first real token (left padding safe).
+
+        With right padding (or none) this is ``arange(n)`` at every position, pads included,
+        as in fastNLP.
+        """
+        idx = torch.arange(n, device=device).expand(B, n)
+        if pad_mask is None:
+            return idx
+        leading = (~pad_mask).long().cumsum(1).eq(0).sum(1, keepdim=True)  # leading pads
+        return (idx - leading).clamp(min=0)
+
+    def forward(self, x, pad_mask=None):
+        B, n, d = x.shape
+        o = self.options
+        if pad_mask is not None and not pad_mask.any():
+            pad_mask = None
+        if self.embed_positions is not None:
+            pos = self.positions(pad_mask, B, n, x.device)
+            longest = int(pos.max()) + 1 if n > 0 else 0
+            if longest > o.max_positions:
+                raise ValueError(
+                    f"input of {longest} tokens is longer than the position table "
+                    f"(--max-positions {o.max_positions}); raise --max-positions or truncate the data "
+                    f"(e.g. --shorten-method truncate)")
+            x = x + self.embed_positions(pos)
+        emb = F.dropout(x, o.dropout, self.training)  # e_i of the context C_i
+        if pad_mask is not None and o.relay_init_mask_pads:
+            real = (~pad_mask).unsqueeze(-1).to(emb.dtype)
+            relay = (emb * real).sum(1, keepdim=True) / real.sum(1, keepdim=True).clamp(min=1)
+        else:
+            relay = emb.mean(1, keepdim=True)  # s^0 = average(E)
+        ring = _Ring(pad_mask, B, n, x.device, o.ring_wrap, o.ring_mask_pads)
+        nodes = emb
+        for cycle in self.cycles:
+            if o.checkpoint_cycles and self.training and torch.is_grad_enabled():
+                nodes, relay = checkpoint(cycle, nodes, relay, emb, pad_mask, ring, use_reentrant=False)
+            else:
+                nodes, relay = cycle(nodes, relay, emb, pad_mask, ring)
+        return nodes, relay.squeeze(1)
+
+    @torch.no_grad()
+    def load_fastnlp_state(self, fastnlp_module):
+        """Copies the weights of a fastNLP ``StarTransformer`` (1×1 Conv2d -> Linear)."""
+        src = fastnlp_module
+        if self.embed_positions is not None and src.pos_emb is not None:
+            self.embed_positions.weight.copy_(src.pos_emb.weight)
+        for cyc, ring, star, norm in zip(self.cycles, src.ring_att, src.star_att, src.norm):
+            for mine, theirs in ((cyc.ring_attn, ring), (cyc.relay_attn, star)):
+                for a, b in (("q_proj", "WQ"), ("k_proj", "WK"), ("v_proj", "WV"), ("out_proj", "WO")):
+                    conv = getattr(theirs, b)
+                    getattr(mine, a).weight.copy_(conv.weight[:, :, 0, 0])
+                    getattr(mine, a).bias.copy_(conv.bias)
+            cyc.ring_norm.weight.copy_(norm.weight)
+            cyc.ring_norm.bias.copy_(norm.bias)
+
+
+def star_flops(n, d, layers, heads, inner=None, ffn_dim=0):
+    """FLOPs (2 per multiply-add) of one forward pass of a Star-Transformer stack, matrix products only."""
+    inner = inner or d
+    per_layer = 2 * n * d * inner * 6  # ring: q, k, v, o of h_i + k, v of e_i
+    per_layer += 2 * n * inner * 5 * 2  # ring: 5 scores and the weighted sum per position
+    per_layer += 2 * n * d * heads * 2  # relay: folded scores and context over n satellites
+    per_layer += 2 * n * d * ffn_dim * 2 * 2 if ffn_dim else 0  # satellite FFN (relay FFN is O(d^2))
+    return layers * per_layer
