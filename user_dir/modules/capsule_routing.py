@@ -150,26 +150,27 @@ class CapsuleRouting(nn.Module):
         """Routes the neutralised logit cube.
 
         Args:
-            logits: ``(B, H, Q, K)`` logits, 0 at masked entries and pad rows.
+            logits: ``(B, Q, H, K)`` logits (query-major layout, so that both
+                routings are plain batched matmuls), 0 at masked entries and
+                pad rows.
             counts: ``(B, Q)`` number of visible logits of each query row
                 (0 for pad rows, which then take no part in routing).
             state: incremental-decoding state of earlier query rows (causal
                 modules only); ``None`` for a full pass.
-        Returns ``(omega, new_state, info)``; ``info`` holds the couplings when
-        ``capture`` is set (for plots).
+        Returns ``(omega, new_state, info)`` with ``omega`` in ``logits``'
+        layout; ``info`` holds the couplings when ``capture`` is set (for plots).
         """
         state = state or {}
         new_state: Dict[str, Tensor] = {}
         info: Dict[str, Tensor] = {}
-        omega = torch.zeros_like(logits)
+        omega = None
         if self.vertical:
-            o, c = self._vertical(logits, counts, state, new_state)
-            omega = omega + o
+            omega, c = self._vertical(logits, counts, state, new_state)
             if capture:
-                info["vertical_couplings"], info["omega_vertical"] = c, o
+                info["vertical_couplings"], info["omega_vertical"] = c, omega
         if self.horizontal:
             o, c = self._horizontal(logits, counts, state, new_state)
-            omega = omega + o
+            omega = o if omega is None else omega + o
             if capture:
                 info["horizontal_couplings"], info["omega_horizontal"] = c, o
         return omega, new_state, info
@@ -179,7 +180,7 @@ class CapsuleRouting(nn.Module):
 
     def _vertical(self, logits, counts, state, new_state):
         """One capsule per head (M = N = H); per-query prefix routing when causal."""
-        row_gram = torch.einsum("bmqk,bnqk->bqmn", logits, logits)  # (B, Q, H, H)
+        row_gram = torch.matmul(logits, logits.transpose(-1, -2))  # (B, Q, H, H)
         n = counts.to(logits.dtype)
         if self.causal:
             gram, n = row_gram.cumsum(1), n.cumsum(1)
@@ -191,30 +192,28 @@ class CapsuleRouting(nn.Module):
             gram, n = row_gram.sum(1, keepdim=True), n.sum(1, keepdim=True)
         size = self._size(n).unsqueeze(-1)  # (B, Q|1, 1)
         weights, couplings = dynamic_routing(gram, self.vertical_logits, self.iters, size, out_dim=-1)
-        if not self.causal:
-            omega = torch.einsum("bmn,bmqk->bnqk", weights[:, 0], logits)
-        else:
-            omega = torch.einsum("bqmn,bmqk->bnqk", weights, logits)
-        return omega, couplings
+        # Ω↕_n = Σ_m w_mn C_m, row by row: (B, Q|1, N, M) @ (B, Q, M, K)
+        return torch.matmul(weights.transpose(-1, -2), logits), couplings
 
     def _horizontal(self, logits, counts, state, new_state):
-        """One capsule per query token (its logits on all heads)."""
-        bsz, heads, q_len, k_len = logits.shape
-        rows, row_counts = logits, counts.to(logits.dtype)
-        past = 0
+        """One capsule per query token (its logits on all heads, flattened to H·K)."""
+        bsz, q_len, heads, k_len = logits.shape
+        flat, row_counts = logits.reshape(bsz, q_len, heads * k_len), counts.to(logits.dtype)
+        rows, past = flat, 0
         if "horizontal_rows" in state:
-            prev_rows = state["horizontal_rows"]
-            past = prev_rows.size(2)
-            prev_rows = F.pad(prev_rows, (0, k_len - prev_rows.size(3)))
-            rows = torch.cat([prev_rows, logits], dim=2)
+            prev = state["horizontal_rows"]  # (B, P, H, K') with K' <= K
+            past = prev.size(1)
+            prev = F.pad(prev, (0, k_len - prev.size(3))).reshape(bsz, past, heads * k_len)
+            rows = torch.cat([prev, flat], dim=1)
             row_counts = torch.cat([state["horizontal_counts"], row_counts], dim=1)
-            cross = torch.einsum("bhmk,bhqk->bmq", rows, logits)  # (B, P+Q, Q)
+            cross = torch.matmul(rows, flat.transpose(1, 2))  # (B, P+Q, Q)
             top = torch.cat([state["horizontal_gram"], cross[:, :past].transpose(1, 2)], dim=1)
             gram = torch.cat([top, cross], dim=2)
         else:
-            gram = torch.einsum("bhmk,bhnk->bmn", rows, rows)
+            gram = torch.matmul(rows, rows.transpose(1, 2))
         if self.causal:
-            new_state.update(horizontal_rows=rows, horizontal_counts=row_counts, horizontal_gram=gram)
+            new_state.update(horizontal_rows=rows.view(bsz, -1, heads, k_len),
+                             horizontal_counts=row_counts, horizontal_gram=gram)
         total = past + q_len
         m_pos = torch.arange(total, device=logits.device)
         n_pos = torch.arange(past, total, device=logits.device)
@@ -226,8 +225,8 @@ class CapsuleRouting(nn.Module):
         size = self._size(counts.to(logits.dtype) * heads)  # (B, Q): entries of output capsule n
         weights, couplings = dynamic_routing(gram, init.expand(bsz, -1, -1), self.iters, size,
                                              out_dim=-2, visible=visible)
-        omega = torch.einsum("bmn,bhmk->bhnk", weights, rows)
-        return omega, couplings
+        omega = torch.matmul(weights.transpose(1, 2), rows)  # (B, Q, H·K)
+        return omega.view(bsz, q_len, heads, k_len), couplings
 
 
 class CapsuleMultiheadAttention(MultiheadAttention):
@@ -313,14 +312,14 @@ class CapsuleMultiheadAttention(MultiheadAttention):
             routed = key_visible
             if self.self_attention:  # query rows are the last tgt_len keys: pad rows are no capsules
                 routed = key_visible & ~key_pad[:, -tgt_len:].unsqueeze(2)
-        neutral = scores.masked_fill(~routed.unsqueeze(1), 0.0)
+        neutral = scores.transpose(1, 2).masked_fill(~routed.unsqueeze(2), 0.0).contiguous()
         cap_state = None
         if incremental_state is not None and self.capsule.causal:
             cap_state = self.get_incremental_state(incremental_state, "capsule_state")
         omega, new_state, info = self.capsule(neutral, routed.sum(-1), cap_state, capture=self.capture)
         if incremental_state is not None and self.capsule.causal:
             self.set_incremental_state(incremental_state, "capsule_state", new_state)
-        logits = (scores + omega).masked_fill(~key_visible.unsqueeze(1), float("-inf"))
+        logits = (scores + omega.transpose(1, 2)).masked_fill(~key_visible.unsqueeze(1), float("-inf"))
         if self.capture:
             self.last_capture = dict(info, logits_before=scores.detach(), logits_after=logits.detach(),
                                      visible=key_visible)
