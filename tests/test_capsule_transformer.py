@@ -231,3 +231,18 @@ def test_loading_a_checkpoint_with_other_routing_settings_fails_clearly():
         both.load_state_dict(vanilla.state_dict())
     iters1, _ = _model("--routing-iters", 1)  # iterations add no parameters: allowed
     iters1.load_state_dict(both.state_dict())
+
+
+def test_cancelling_capsules_give_no_nan():
+    """One visible key, heads with opposite signs: ``||s||²`` rounds below 0 (seen on Multi30k)."""
+    logits = torch.zeros(1, 1, 4, 3)
+    logits[0, 0, :, 0] = torch.tensor([0.7, -0.36, 0.81, 0.93])
+    routing = CapsuleRouting(4, "vertical", iters=3, causal=True)
+    with torch.no_grad():
+        routing.vertical_logits.copy_(torch.tensor([[1.39, -3.2, 0.1, 0.2], [0.3, 1.39, 0.1, 2.0],
+                                                    [0.1, -1.0, 1.39, 0.3], [0.2, -2.0, 0.4, 1.39]]))
+    from user_dir.modules import capsule_routing
+
+    assert torch.isfinite(capsule_routing.squash_gain(torch.tensor([-3e-9, 0.0, 1.0]))).all()
+    omega = routing(logits, torch.tensor([[1]]))[0]
+    assert torch.isfinite(omega).all()

@@ -74,8 +74,11 @@ def squash_gain(sq_norm: Tensor) -> Tensor:
     """Factor ``f`` with ``squash(s) = f·s`` (paper Eq. 6): ``f = q / ((1+q)·√q)``.
 
     ``sq_norm`` is ``q = ||s||²`` (already divided by the capsule size in rms
-    mode).  Written so that ``q = 0`` gives ``f = 0`` with a finite gradient.
+    mode).  Written so that ``q = 0`` gives ``f = 0`` with a finite gradient;
+    ``q`` is clamped at 0 because the Gram quadratic form ``cᵀGc`` of a
+    (nearly) cancelling sum can round to a tiny negative number.
     """
+    sq_norm = sq_norm.clamp(min=0.0)
     return sq_norm / ((1.0 + sq_norm) * torch.sqrt(sq_norm + _EPS))
 
 
