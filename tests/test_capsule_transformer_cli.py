@@ -51,7 +51,7 @@ def test_checkpoint_with_other_routing_settings_is_refused(toy_translation_bin, 
 
 def test_routing_iters_zero_is_a_clear_cli_error(toy_translation_bin, tmp_path):
     proc = fairseq("train", toy_translation_bin, "--arch", "capsule_transformer", *TINY_TRANSLATION_ARGS,
-                   "--routing-iters", "0", "--max-update", "1", "--cpu", "--save-dir", tmp_path, check=False)
+                   "--routing-iters", "0", "--max-update", "1", "--max-tokens", "1000", "--cpu", "--save-dir", tmp_path, check=False)
     assert proc.returncode != 0
     assert "--routing-iters must be a positive integer (got 0)" in proc.stderr
 
@@ -61,7 +61,7 @@ def test_hydra_train_yaml(toy_translation_bin, tmp_path):
             "--config-name", "multi30k", f"task.data={toy_translation_bin}", f"common.user_dir={USER_DIR}",
             "model.encoder_layers=1", "model.decoder_layers=1", "model.encoder_embed_dim=16",
             "model.decoder_embed_dim=16", "model.encoder_ffn_embed_dim=16", "model.decoder_ffn_embed_dim=16",
-            "optimization.max_update=2", "dataset.max_tokens=500", f"checkpoint.save_dir={tmp_path}",
+            "optimization.max_update=2", "dataset.max_tokens=500", f"checkpoint.save_dir={tmp_path}", f"hydra.run.dir={tmp_path}/hydra",
             user_dir=False)
     ckpt = os.path.join(tmp_path, "checkpoint_last.pt")
     out = fairseq("generate", toy_translation_bin, "--path", ckpt, "--beam", "2", "--cpu", "--max-len-b", "5",
