@@ -1,0 +1,248 @@
+"""capsule_transformer: routing semantics, batching invariances, DDP, parameter count, errors."""
+import pytest
+import torch
+
+from tests.helpers import invariance
+from tests.helpers.ddp import assert_ddp_matches_single_process
+from tests.helpers.models import build, prev_output, random_sentences
+from user_dir.models.capsule_transformer import ATTENTION_MODULES
+from user_dir.modules.capsule_routing import CapsuleMultiheadAttention, CapsuleRouting, dynamic_routing
+
+TINY = ["--encoder-layers", 2, "--decoder-layers", 2, "--encoder-embed-dim", 32, "--decoder-embed-dim", 32,
+        "--encoder-ffn-embed-dim", 32, "--decoder-ffn-embed-dim", 32, "--encoder-attention-heads", 4,
+        "--decoder-attention-heads", 4, "--dropout", 0]
+ALL_MODULES = ["--routed-attention", ",".join(ATTENTION_MODULES)]
+
+
+def _model(*extra, seed=0):
+    return build("capsule_transformer", TINY + list(extra), seed=seed)
+
+
+def _data(d):
+    srcs = random_sentences(d, [5, 9, 3], seed=1)
+    tgts = [prev_output(t, d.eos()) for t in random_sentences(d, [7, 4, 6], seed=2)]
+    return srcs, tgts
+
+
+def _routed(model):
+    return [m for m in model.modules() if isinstance(m, CapsuleMultiheadAttention)]
+
+
+# ------------------------------------------------------------------ routing semantics
+
+
+def _random_cube(bsz=2, q=6, heads=4, k=7, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    logits = torch.randn(bsz, q, heads, k, generator=g) * 2
+    return logits, torch.full((bsz, q), heads * 0 + k)
+
+
+@pytest.mark.parametrize("kind", ["vertical", "horizontal"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_more_iterations_change_the_output(kind, causal):
+    logits, counts = _random_cube()
+    torch.manual_seed(0)
+    r1 = CapsuleRouting(4, kind, iters=1, causal=causal)
+    r3 = CapsuleRouting(4, kind, iters=3, causal=causal)
+    r3.load_state_dict(r1.state_dict())
+    o1, o3 = r1(logits, counts)[0], r3(logits, counts)[0]
+    assert torch.isfinite(o3).all()
+    assert (o1 - o3).abs().max() > 1e-3, "r = 1 and r = 3 give the same Ω: routing does nothing"
+
+
+def test_vertical_outputs_differ_across_heads():
+    logits, counts = _random_cube()
+    omega = CapsuleRouting(4, "vertical", iters=3)(logits, counts)[0]  # (B, Q, H, K)
+    for h in range(1, 4):
+        assert (omega[:, :, h] - omega[:, :, 0]).abs().max() > 1e-3, f"Ω↕ of head {h} equals head 0's"
+
+
+def test_zero_initial_logits_would_collapse_to_an_average():
+    """Why the initial routing logits are learned: identity votes + zero logits = one average."""
+    logits, _ = _random_cube()
+    caps = logits.permute(0, 2, 1, 3).reshape(2, 4, -1)  # vertical capsules, (B, H, Q·K)
+    gram = caps @ caps.transpose(1, 2)
+    weights, _ = dynamic_routing(gram, torch.zeros(4, 4), 3, torch.tensor(1.0), out_dim=-1)
+    assert torch.allclose(weights, weights[..., :1].expand_as(weights), atol=1e-6)
+
+
+def test_routing_changes_the_model_and_iterations_matter():
+    model3, d = _model("--routing-iters", 3)
+    model1, _ = _model("--routing-iters", 1)
+    model1.load_state_dict(model3.state_dict())
+    srcs, tgts = _data(d)
+    out3 = invariance.decoder_logits(model3, srcs, tgts, d.pad())
+    out1 = invariance.decoder_logits(model1, srcs, tgts, d.pad())
+    assert (out3 - out1).abs().max() > 1e-4
+    vanilla, _ = build("transformer", TINY, seed=0)
+    missing = vanilla.load_state_dict({k: v for k, v in model3.state_dict().items() if ".capsule." not in k})
+    out_v = invariance.decoder_logits(vanilla, srcs, tgts, d.pad())
+    assert (out3 - out_v).abs().max() > 1e-4, "Ω has no effect on the model's output"
+    assert not missing.missing_keys
+
+
+def test_default_routes_encoder_and_decoder_self_attention():
+    model, _ = _model()
+    names = sorted(n for n, m in model.named_modules() if isinstance(m, CapsuleMultiheadAttention))
+    assert names == ["decoder.layers.0.self_attn", "decoder.layers.1.self_attn",
+                     "encoder.layers.0.self_attn", "encoder.layers.1.self_attn"]
+    assert all(m.capsule.causal == n.startswith("decoder") for n, m in model.named_modules()
+               if isinstance(m, CapsuleMultiheadAttention))
+    model, _ = _model("--routed-attention", "enc_dec", "--routed-decoder-layers", "1")
+    names = [n for n, m in model.named_modules() if isinstance(m, CapsuleMultiheadAttention)]
+    assert names == ["decoder.layers.1.encoder_attn"]
+
+
+# ------------------------------------------------------------------ batching invariances
+
+
+VARIANTS = [
+    [],
+    ALL_MODULES,
+    ALL_MODULES + ["--capsule-routing", "vertical"],
+    ALL_MODULES + ["--capsule-routing", "horizontal", "--capsule-squash", "l2", "--horizontal-max-distance", 2],
+]
+
+
+@pytest.mark.parametrize("extra", VARIANTS, ids=["default", "all-both", "all-vertical", "all-horizontal-l2"])
+def test_padding_causality_incremental(extra):
+    model, d = _model(*extra)
+    srcs, tgts = _data(d)
+    invariance.assert_padding_invariant(model, srcs, tgts, d.pad())
+    invariance.assert_decoder_causal(model, srcs[0], tgts[0], d.pad(), len(d))
+    invariance.assert_incremental_equals_full(model, srcs[1], tgts[0], d.pad())
+
+
+def test_causality_check_would_catch_non_causal_routing():
+    """Pooling vertical capsules over all target positions (non-causal) must be caught."""
+    model, d = _model()
+    for m in _routed(model):
+        m.capsule.causal = False
+    srcs, tgts = _data(d)
+    with pytest.raises(AssertionError, match="changed by"):
+        invariance.assert_decoder_causal(model, srcs[0], tgts[0], d.pad(), len(d))
+
+
+def test_no_nan_with_heavy_padding_in_training_mode():
+    model, d = _model(*ALL_MODULES)
+    model.train()
+    srcs = random_sentences(d, [1, 12], seed=4)
+    tgts = [prev_output(t, d.eos()) for t in random_sentences(d, [1, 10], seed=5)]
+    out = invariance.decoder_logits(model, srcs, tgts, d.pad())
+    assert torch.isfinite(out).all()
+
+
+# ------------------------------------------------------------------ DDP, parameters
+
+
+def ddp_setup():
+    model, d = _model(*ALL_MODULES, seed=3)
+    model.train()
+    batches = []
+    for seed in (1, 2):
+        src = random_sentences(d, [5, 5], seed=seed)
+        tgt = random_sentences(d, [4, 4], seed=seed + 10)
+        batches.append((torch.stack(src), torch.tensor([6, 6]), torch.stack([prev_output(t, d.eos()) for t in tgt]),
+                        torch.stack(tgt)))
+
+    def loss_fn(m, batch):
+        src, lengths, prev, target = batch
+        logits = m(src, lengths, prev)[0]
+        return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.size(-1)), target.reshape(-1))
+
+    return model, batches, loss_fn
+
+
+def test_ddp_readiness():
+    assert_ddp_matches_single_process("tests.test_capsule_transformer:ddp_setup")
+
+
+def test_every_routing_parameter_gets_a_gradient():
+    model, batches, loss_fn = ddp_setup()
+    loss_fn(model, batches[0]).backward()
+    routing = {n: p for n, p in model.named_parameters() if ".capsule." in n}
+    assert len(routing) == 2 * 6  # 6 routed modules, vertical + horizontal each
+    for n, p in routing.items():
+        assert p.grad is not None and p.grad.abs().sum() > 0, n
+
+
+def _extra_params(arch, sizes):
+    """Parameters of ``arch`` minus those of fairseq's transformer with the same flags."""
+    capsule, _ = build(arch, sizes)
+    vanilla_arch = arch.replace("capsule_transformer", "transformer")
+    vanilla, _ = build(vanilla_arch if vanilla_arch != "transformer" else "transformer_wmt_en_de", sizes)
+    count = lambda m: sum(p.numel() for p in m.parameters())  # noqa: E731
+    return count(capsule) - count(vanilla), capsule
+
+
+@pytest.mark.parametrize("arch,heads,expected", [
+    # 12 routed modules (6 encoder + 6 decoder self-attention), H² + 2·8 + 1 each
+    ("capsule_transformer", 8, 12 * (8 * 8 + 17)),                  # base: 972
+    ("capsule_transformer_wmt_en_de_big", 16, 12 * (16 * 16 + 17)),  # big: 3,276
+])
+def test_extra_parameter_count(arch, heads, expected):
+    # the count depends on heads, layers and routed modules only: shrink the widths, keep the preset's rest
+    small = ["--encoder-embed-dim", 2 * heads, "--decoder-embed-dim", 2 * heads, "--encoder-ffn-embed-dim", 8,
+             "--decoder-ffn-embed-dim", 8]
+    extra, model = _extra_params(arch, small)
+    assert model.cfg.encoder.attention_heads == heads and model.cfg.encoder.layers == 6
+    assert model.cfg.decoder.attention_heads == heads and model.cfg.decoder.layers == 6
+    assert extra == expected
+
+
+def test_presets():
+    model, _ = build("capsule_transformer_iwslt_de_en", ["--encoder-embed-dim", 16, "--decoder-embed-dim", 16])
+    assert model.cfg.encoder.attention_heads == 4 and model.cfg.encoder.ffn_embed_dim == 1024
+    assert model.cfg.routing_iters == 3 and model.cfg.capsule_routing == "both"
+
+
+# ------------------------------------------------------------------ bad input
+
+
+@pytest.mark.parametrize("flags,message", [
+    (["--routing-iters", 0], "--routing-iters must be a positive integer"),
+    (["--routing-iters", -2], "--routing-iters must be a positive integer"),
+    (["--routed-attention", "enc_dec", "--no-cross-attention"], "no encoder-decoder attention"),
+    (["--routed-attention", "dec_cross"], "unknown module"),
+    (["--routed-encoder-layers", "0,5"], r"has no layer \[5\]"),
+    (["--routed-attention", "dec_self", "--routed-encoder-layers", "0"], "routes no encoder module"),
+    (["--horizontal-max-distance", -1], "--horizontal-max-distance must be >= 0"),
+])
+def test_bad_flags_are_clear_errors(flags, message):
+    with pytest.raises(ValueError, match=message):
+        _model(*flags)
+
+
+def test_invalid_choice_is_rejected_by_the_parser():
+    with pytest.raises(SystemExit):
+        _model("--capsule-routing", "diagonal")
+
+
+def test_loading_a_checkpoint_with_other_routing_settings_fails_clearly():
+    both, _ = _model()
+    vertical, _ = _model("--capsule-routing", "vertical")
+    with pytest.raises(ValueError, match="different capsule routing settings.*routing parameters"):
+        vertical.load_state_dict(both.state_dict())
+    more, _ = _model(*ALL_MODULES)
+    with pytest.raises(ValueError, match="routed here but not in the checkpoint: decoder.layers.0.encoder_attn"):
+        more.load_state_dict(both.state_dict())
+    vanilla, _ = build("transformer", TINY)
+    with pytest.raises(ValueError, match="no capsule routing parameters"):
+        both.load_state_dict(vanilla.state_dict())
+    iters1, _ = _model("--routing-iters", 1)  # iterations add no parameters: allowed
+    iters1.load_state_dict(both.state_dict())
+
+
+def test_cancelling_capsules_give_no_nan():
+    """One visible key, heads with opposite signs: ``||s||²`` rounds below 0 (seen on Multi30k)."""
+    logits = torch.zeros(1, 1, 4, 3)
+    logits[0, 0, :, 0] = torch.tensor([0.7, -0.36, 0.81, 0.93])
+    routing = CapsuleRouting(4, "vertical", iters=3, causal=True)
+    with torch.no_grad():
+        routing.vertical_logits.copy_(torch.tensor([[1.39, -3.2, 0.1, 0.2], [0.3, 1.39, 0.1, 2.0],
+                                                    [0.1, -1.0, 1.39, 0.3], [0.2, -2.0, 0.4, 1.39]]))
+    from user_dir.modules import capsule_routing
+
+    assert torch.isfinite(capsule_routing.squash_gain(torch.tensor([-3e-9, 0.0, 1.0]))).all()
+    omega = routing(logits, torch.tensor([[1]]))[0]
+    assert torch.isfinite(omega).all()

@@ -1,0 +1,69 @@
+"""capsule_transformer through the real fairseq CLIs: train → generate → interactive, hub, hydra."""
+import os
+
+import pytest
+
+from tests.helpers.cli import ROOT, TINY_TRANSLATION_ARGS, USER_DIR, fairseq, train_translation
+
+CAPSULE = TINY_TRANSLATION_ARGS + ["--routing-iters", "2", "--routed-attention", "enc_self,dec_self,enc_dec"]
+
+
+@pytest.fixture(scope="module")
+def trained(toy_translation_bin, tmp_path_factory):
+    save = tmp_path_factory.mktemp("capsule_ckpt")
+    return train_translation(toy_translation_bin, str(save), "capsule_transformer", *CAPSULE, max_update=6)
+
+
+def test_generate_with_beam_5(toy_translation_bin, trained):
+    out = fairseq("generate", toy_translation_bin, "--path", trained, "--beam", "5", "--batch-size", "16",
+                  "--max-len-b", "20", "--cpu").stdout
+    hyps = [line for line in out.splitlines() if line.startswith("H-")]
+    assert len(hyps) == 40  # every test sentence translated
+    assert "BLEU" in out
+
+
+def test_interactive(toy_translation_bin, trained):
+    out = fairseq("interactive", toy_translation_bin, "--path", trained, "--beam", "5", "--cpu",
+                  "--source-lang", "en", "--target-lang", "de", "--max-len-b", "10",
+                  input="the cat sees a dog\nred house\n").stdout
+    assert sum(line.startswith("H-") for line in out.splitlines()) == 2
+
+
+def test_hub_translate(toy_translation_bin, trained):
+    from user_dir.models.capsule_transformer import CapsuleTransformerModel
+    from user_dir.modules.capsule_routing import CapsuleMultiheadAttention
+
+    hub = CapsuleTransformerModel.from_pretrained(
+        os.path.dirname(trained), checkpoint_file=os.path.basename(trained), data_name_or_path=toy_translation_bin,
+        bpe="subword_nmt", bpe_codes=os.path.join(toy_translation_bin, "bpe.codes"), user_dir=USER_DIR,
+        source_lang="en", target_lang="de", max_len_b=10)
+    assert any(isinstance(m, CapsuleMultiheadAttention) for m in hub.models[0].modules())
+    out = hub.translate(["the cat sees a dog", "red house"], beam=5)
+    assert len(out) == 2 and all(isinstance(s, str) for s in out)
+
+
+def test_checkpoint_with_other_routing_settings_is_refused(toy_translation_bin, trained):
+    proc = fairseq("generate", toy_translation_bin, "--path", trained, "--beam", "2", "--cpu",
+                   "--model-overrides", "{'capsule_routing': 'vertical'}", check=False)
+    assert proc.returncode != 0
+    assert "different capsule routing settings" in proc.stderr
+
+
+def test_routing_iters_zero_is_a_clear_cli_error(toy_translation_bin, tmp_path):
+    proc = fairseq("train", toy_translation_bin, "--arch", "capsule_transformer", *TINY_TRANSLATION_ARGS,
+                   "--routing-iters", "0", "--max-update", "1", "--max-tokens", "1000", "--cpu", "--save-dir", tmp_path, check=False)
+    assert proc.returncode != 0
+    assert "--routing-iters must be a positive integer (got 0)" in proc.stderr
+
+
+def test_hydra_train_yaml(toy_translation_bin, tmp_path):
+    fairseq("hydra-train", "--config-dir", os.path.join(ROOT, "examples", "capsule_transformer"),
+            "--config-name", "multi30k", f"task.data={toy_translation_bin}", f"common.user_dir={USER_DIR}",
+            "model.encoder_layers=1", "model.decoder_layers=1", "model.encoder_embed_dim=16",
+            "model.decoder_embed_dim=16", "model.encoder_ffn_embed_dim=16", "model.decoder_ffn_embed_dim=16",
+            "optimization.max_update=2", "dataset.max_tokens=500", f"checkpoint.save_dir={tmp_path}", f"hydra.run.dir={tmp_path}/hydra",
+            user_dir=False)
+    ckpt = os.path.join(tmp_path, "checkpoint_last.pt")
+    out = fairseq("generate", toy_translation_bin, "--path", ckpt, "--beam", "2", "--cpu", "--max-len-b", "5",
+                  "--batch-size", "64").stdout
+    assert sum(line.startswith("H-") for line in out.splitlines()) == 40

@@ -1,0 +1,357 @@
+"""Capsule routing over attention logits (Duan, Cao & Zhao 2020, "Capsule-Transformer
+for Neural Machine Translation", arXiv 2004.14649).
+
+Where the paper's ideas live
+----------------------------
+* **Capsules from the logit cube** (paper §3, Fig. 2).  For one attention module
+  the scaled dot-product logits form the cube ``E ∈ R^{H×Lq×Lk}``.  A *vertical*
+  capsule ``C↕_h`` is the whole ``Lq×Lk`` slice of head ``h``; a *horizontal*
+  capsule ``C↔_l`` is the ``H×Lk`` slice of query token ``l``.
+* **Votes are the logits themselves** (paper §3, "vote vector generation"): no
+  learned transformation, ``V_{m→n} = C_m`` — capsule sizes vary with the
+  sentence length, so no weight matrix can act on them.
+* **Dynamic routing** (paper Alg. 1, after Sabour et al. 2017) with ``r``
+  iterations: couplings ``R = softmax(B)``, outputs ``Ω_n = squash(Σ_m R_{m→n}
+  V_{m→n})`` (paper Eq. 6), agreements ``B_{m→n} += <V_{m→n}, Ω_n>``.
+  Implemented once, in :func:`dynamic_routing`.
+* **Ω is added to E before the softmax** (paper §3, Fig. 3):
+  ``softmax(E + Ω↕ + Ω↔ + mask)``; see :class:`CapsuleMultiheadAttention`.
+
+Reconstruction decisions (the paper's equations are not available)
+------------------------------------------------------------------
+1. *Non-degenerate routing.*  With identical votes and zero initial logits
+   every output capsule is the same average and agreements never break the
+   tie.  The initial routing logits ``B⁰`` are therefore **learned**:
+   ``H×H`` for vertical routing (initialised to ``log H`` on the diagonal, so a
+   head starts routed mostly to itself) and a relative-position table of
+   ``2D+1`` scalars for horizontal routing (``D = --horizontal-max-distance``,
+   initialised to ``-|n-m|/2``: a locality prior).  These are the only extra
+   parameters: ``H² + 2D + 1`` per routed module with ``--capsule-routing both``.
+2. *Squash scale.*  Sabour's squash gives ``||Ω_n|| < 1`` for a capsule of
+   ``Lq·Lk`` entries, which would make ``Ω`` vanish next to ``E`` for long
+   sentences.  With ``--capsule-squash rms`` (default) norms and agreements are
+   measured per entry (``||s||² / size``), so ``rms(Ω_n) = q/(1+q)``
+   independently of sentence length; ``--capsule-squash l2`` is the literal
+   L2 version.
+3. *Vertical couplings* are normalised over output capsules (heads), exactly
+   as Sabour / the paper.
+4. *Horizontal couplings* are normalised over the **input** capsules (tokens)
+   visible to each output token.  Normalising over outputs (Sabour) would make
+   the coupling of token ``m`` to output ``t`` depend on outputs ``> t``: a
+   causality leak in the decoder.  One rule is used everywhere so encoder and
+   decoder behave alike.
+5. *Causality* (decoder modules, ``causal=True``).  Vertical capsules span all
+   queries of a head; the capsule seen by query ``t`` is its **prefix** over
+   queries ``≤ t``.  All routing quantities are expressed through the Gram
+   matrix of the capsules, so the prefix version is a cumulative sum over
+   queries of per-query ``H×H`` Gram matrices: each query runs its own routing
+   on its prefix, all in one batched pass, and the full forward equals
+   step-by-step decoding (the running sum is the incremental state).
+   Horizontal output ``t`` only receives input tokens ``≤ t``.
+6. *Padding.*  Masked logits (pad keys, future keys) and pad query rows are set
+   to 0 before routing (never ``-inf``), pad rows are excluded as capsules, and
+   the masks are re-applied after adding ``Ω``.
+
+Shapes: ``B`` batch, ``H`` heads, ``Q`` query rows, ``K`` keys.
+"""
+import math
+from typing import Dict, Optional, Tuple
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch import Tensor
+
+from fairseq import utils
+from fairseq.modules import MultiheadAttention
+
+ROUTING_KINDS = ("vertical", "horizontal", "both")
+SQUASH_MODES = ("rms", "l2")
+_EPS = 1e-9
+
+
+def squash_gain(sq_norm: Tensor) -> Tensor:
+    """Factor ``f`` with ``squash(s) = f·s`` (paper Eq. 6): ``f = q / ((1+q)·√q)``.
+
+    ``sq_norm`` is ``q = ||s||²`` (already divided by the capsule size in rms
+    mode).  Written so that ``q = 0`` gives ``f = 0`` with a finite gradient;
+    ``q`` is clamped at 0 because the Gram quadratic form ``cᵀGc`` of a
+    (nearly) cancelling sum can round to a tiny negative number.
+    """
+    sq_norm = sq_norm.clamp(min=0.0)
+    return sq_norm / ((1.0 + sq_norm) * torch.sqrt(sq_norm + _EPS))
+
+
+def dynamic_routing(gram: Tensor, init_logits: Tensor, iters: int, size: Tensor,
+                    out_dim: int, visible: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
+    """Dynamic routing (paper Alg. 1) with identity votes, in Gram-matrix form.
+
+    Votes are the input capsules themselves (``V_{m→n} = C_m``), so every
+    quantity the algorithm needs is an inner product of capsules:
+    ``<C_m, s_n> = (G c)_{mn}`` and ``||s_n||² = Σ_m c_{mn} (G c)_{mn}``.
+
+    Args:
+        gram: ``(..., M, M)`` Gram matrix of the ``M`` input capsules.
+        init_logits: ``(..., M, N)`` learned initial routing logits ``B⁰``.
+        iters: number of routing iterations ``r`` (≥ 1).
+        size: capsule size that norms are divided by, broadcastable to
+            ``(..., N)`` (1 for the literal L2 squash).
+        out_dim: the dimension of ``init_logits`` the couplings are normalised
+            over: ``-1`` (output capsules, Sabour) or ``-2`` (input capsules).
+        visible: optional bool ``(..., M, N)``: input ``m`` may vote for output ``n``.
+
+    Returns ``(weights, couplings)``: ``Ω_n = Σ_m weights_{mn} C_m``.
+    """
+    logits = init_logits
+    for it in range(iters):
+        if visible is not None:
+            logits = logits.masked_fill(~visible, -1e4)
+        couplings = torch.softmax(logits, dim=out_dim)
+        if visible is not None:
+            couplings = couplings * visible
+        agree = torch.matmul(gram, couplings)  # <C_m, s_n>
+        gain = squash_gain((couplings * agree).sum(-2) / size)  # (..., N)
+        if it + 1 < iters:
+            logits = logits + agree * (gain / size).unsqueeze(-2)
+    return couplings * gain.unsqueeze(-2), couplings
+
+
+class CapsuleRouting(nn.Module):
+    """Vertical and/or horizontal capsule routing of one attention module.
+
+    ``forward(E, valid, counts, state)`` returns ``Ω`` of ``E``'s shape; see the
+    module docstring for the design.  The learned initial routing logits are
+    the module's only parameters.
+    """
+
+    def __init__(self, num_heads: int, routing: str = "both", iters: int = 3,
+                 causal: bool = False, squash: str = "rms", max_distance: int = 8):
+        super().__init__()
+        if routing not in ROUTING_KINDS:
+            raise ValueError(f"--capsule-routing must be one of {ROUTING_KINDS}, got {routing!r}")
+        if squash not in SQUASH_MODES:
+            raise ValueError(f"--capsule-squash must be one of {SQUASH_MODES}, got {squash!r}")
+        check_routing_iters(iters)
+        if max_distance < 0:
+            raise ValueError(f"--horizontal-max-distance must be >= 0, got {max_distance}")
+        self.num_heads, self.routing, self.iters = num_heads, routing, iters
+        self.causal, self.squash, self.max_distance = causal, squash, max_distance
+        self.vertical = routing in ("vertical", "both")
+        self.horizontal = routing in ("horizontal", "both")
+        if self.vertical:
+            self.vertical_logits = nn.Parameter(torch.eye(num_heads) * math.log(max(num_heads, 2)))
+        if self.horizontal:
+            offsets = torch.arange(-max_distance, max_distance + 1, dtype=torch.float)
+            self.horizontal_logits = nn.Parameter(-0.5 * offsets.abs())
+
+    def extra_repr(self):
+        return (f"routing={self.routing}, iters={self.iters}, causal={self.causal}, "
+                f"squash={self.squash}, max_distance={self.max_distance}")
+
+    def forward(self, logits: Tensor, counts: Tensor, state: Optional[Dict[str, Tensor]] = None,
+                capture: bool = False):
+        """Routes the neutralised logit cube.
+
+        Args:
+            logits: ``(B, Q, H, K)`` logits (query-major layout, so that both
+                routings are plain batched matmuls), 0 at masked entries and
+                pad rows.
+            counts: ``(B, Q)`` number of visible logits of each query row
+                (0 for pad rows, which then take no part in routing).
+            state: incremental-decoding state of earlier query rows (causal
+                modules only); ``None`` for a full pass.
+        Returns ``(omega, new_state, info)`` with ``omega`` in ``logits``'
+        layout; ``info`` holds the couplings when ``capture`` is set (for plots).
+        """
+        state = state or {}
+        new_state: Dict[str, Tensor] = {}
+        info: Dict[str, Tensor] = {}
+        omega = None
+        if self.vertical:
+            omega, c = self._vertical(logits, counts, state, new_state)
+            if capture:
+                info["vertical_couplings"], info["omega_vertical"] = c, omega
+        if self.horizontal:
+            o, c = self._horizontal(logits, counts, state, new_state)
+            omega = o if omega is None else omega + o
+            if capture:
+                info["horizontal_couplings"], info["omega_horizontal"] = c, o
+        return omega, new_state, info
+
+    def _size(self, n: Tensor) -> Tensor:
+        return n.clamp(min=1.0) if self.squash == "rms" else torch.ones_like(n)
+
+    def _vertical(self, logits, counts, state, new_state):
+        """One capsule per head (M = N = H); per-query prefix routing when causal."""
+        row_gram = torch.matmul(logits, logits.transpose(-1, -2))  # (B, Q, H, H)
+        n = counts.to(logits.dtype)
+        if self.causal:
+            gram, n = row_gram.cumsum(1), n.cumsum(1)
+            if "vertical_gram" in state:
+                gram = gram + state["vertical_gram"].unsqueeze(1)
+                n = n + state["vertical_count"]
+            new_state["vertical_gram"], new_state["vertical_count"] = gram[:, -1], n[:, -1:]
+        else:
+            gram, n = row_gram.sum(1, keepdim=True), n.sum(1, keepdim=True)
+        size = self._size(n).unsqueeze(-1)  # (B, Q|1, 1)
+        weights, couplings = dynamic_routing(gram, self.vertical_logits, self.iters, size, out_dim=-1)
+        # Ω↕_n = Σ_m w_mn C_m, row by row: (B, Q|1, N, M) @ (B, Q, M, K)
+        return torch.matmul(weights.transpose(-1, -2), logits), couplings
+
+    def _horizontal(self, logits, counts, state, new_state):
+        """One capsule per query token (its logits on all heads, flattened to H·K)."""
+        bsz, q_len, heads, k_len = logits.shape
+        flat, row_counts = logits.reshape(bsz, q_len, heads * k_len), counts.to(logits.dtype)
+        rows, past = flat, 0
+        if "horizontal_rows" in state:
+            prev = state["horizontal_rows"]  # (B, P, H, K') with K' <= K
+            past = prev.size(1)
+            prev = F.pad(prev, (0, k_len - prev.size(3))).reshape(bsz, past, heads * k_len)
+            rows = torch.cat([prev, flat], dim=1)
+            row_counts = torch.cat([state["horizontal_counts"], row_counts], dim=1)
+            cross = torch.matmul(rows, flat.transpose(1, 2))  # (B, P+Q, Q)
+            top = torch.cat([state["horizontal_gram"], cross[:, :past].transpose(1, 2)], dim=1)
+            gram = torch.cat([top, cross], dim=2)
+        else:
+            gram = torch.matmul(rows, rows.transpose(1, 2))
+        if self.causal:
+            new_state.update(horizontal_rows=rows.view(bsz, -1, heads, k_len),
+                             horizontal_counts=row_counts, horizontal_gram=gram)
+        total = past + q_len
+        m_pos = torch.arange(total, device=logits.device)
+        n_pos = torch.arange(past, total, device=logits.device)
+        rel = (n_pos.unsqueeze(0) - m_pos.unsqueeze(1)).clamp(-self.max_distance, self.max_distance)
+        init = self.horizontal_logits[rel + self.max_distance]  # (M, Q)
+        visible = (row_counts > 0).unsqueeze(-1).expand(bsz, total, q_len)
+        if self.causal:
+            visible = visible & (m_pos.unsqueeze(1) <= n_pos.unsqueeze(0))
+        size = self._size(counts.to(logits.dtype) * heads)  # (B, Q): entries of output capsule n
+        weights, couplings = dynamic_routing(gram, init.expand(bsz, -1, -1), self.iters, size,
+                                             out_dim=-2, visible=visible)
+        omega = torch.matmul(weights.transpose(1, 2), rows)  # (B, Q, H·K)
+        return omega.view(bsz, q_len, heads, k_len), couplings
+
+
+class CapsuleMultiheadAttention(MultiheadAttention):
+    """fairseq's :class:`MultiheadAttention` whose score path is capsule-routed.
+
+    Projections, caching of keys/values for incremental decoding, dropout and
+    the output projection are fairseq's; only the logits change (paper Fig. 3):
+    ``softmax(E + Ω↕ + Ω↔ + masks)``, ``Ω`` from :class:`CapsuleRouting` on the
+    neutralised ``E``.  The routing state of earlier target positions (causal
+    modules) is kept in ``incremental_state`` under ``"capsule_state"`` and
+    reordered with the beam.
+
+    ``capture = True`` keeps the last call's logits before routing, ``Ω`` and
+    the couplings in ``last_capture`` (used by the plotting script).
+    """
+
+    def __init__(self, embed_dim, num_heads, routing: CapsuleRouting, **kwargs):
+        if kwargs.get("add_bias_kv") or kwargs.get("add_zero_attn"):
+            raise ValueError("capsule routing does not support add_bias_kv / add_zero_attn")
+        kwargs.pop("xformers_att_config", None)
+        super().__init__(embed_dim, num_heads, **kwargs)
+        if routing.num_heads != num_heads:
+            raise ValueError(f"routing built for {routing.num_heads} heads, attention has {num_heads}")
+        self.capsule = routing
+        self.capture = False
+        self.last_capture: Dict[str, Tensor] = {}
+
+    def set_beam_size(self, beam_size):
+        """Routing state grows per target step, so fairseq's shared-beam cross-attention is not used."""
+        self.beam_size = 1
+
+    def forward(self, query, key, value, key_padding_mask=None, incremental_state=None,
+                need_weights=True, static_kv=False, attn_mask=None, before_softmax=False,
+                need_head_weights=False):
+        if need_head_weights:
+            need_weights = True
+        tgt_len, bsz, embed_dim = query.size()
+        saved_state = None
+        if incremental_state is not None:
+            saved_state = self._get_input_buffer(incremental_state)
+            if "prev_key" in saved_state and static_kv:
+                key = value = None
+        q = self.q_proj(query) * self.scaling
+        if self.self_attention:
+            k, v = self.k_proj(query), self.v_proj(query)
+        elif key is None:
+            k = v = None
+        else:
+            k, v = self.k_proj(key), self.v_proj(value)
+        heads, hd = self.num_heads, self.head_dim
+        q = q.contiguous().view(tgt_len, bsz * heads, hd).transpose(0, 1)
+        if k is not None:
+            k = k.contiguous().view(-1, bsz * heads, hd).transpose(0, 1)
+            v = v.contiguous().view(-1, bsz * heads, hd).transpose(0, 1)
+        if saved_state is not None:
+            if "prev_key" in saved_state:
+                prev_k = saved_state["prev_key"].view(bsz * heads, -1, hd)
+                prev_v = saved_state["prev_value"].view(bsz * heads, -1, hd)
+                k = prev_k if static_kv else torch.cat([prev_k, k], dim=1)
+                v = prev_v if static_kv else torch.cat([prev_v, v], dim=1)
+            key_padding_mask = MultiheadAttention._append_prev_key_padding_mask(
+                key_padding_mask=key_padding_mask,
+                prev_key_padding_mask=saved_state.get("prev_key_padding_mask"),
+                batch_size=bsz, src_len=k.size(1), static_kv=static_kv)
+            saved_state["prev_key"] = k.view(bsz, heads, -1, hd)
+            saved_state["prev_value"] = v.view(bsz, heads, -1, hd)
+            saved_state["prev_key_padding_mask"] = key_padding_mask
+            self._set_input_buffer(incremental_state, saved_state)
+        src_len = k.size(1)
+        if key_padding_mask is not None and key_padding_mask.dim() == 0:
+            key_padding_mask = None
+
+        scores = torch.bmm(q, k.transpose(1, 2)).view(bsz, heads, tgt_len, src_len)
+        # key_visible: what fairseq's masks let a query see; routed: logits that enter routing
+        key_visible = torch.ones(bsz, tgt_len, src_len, dtype=torch.bool, device=scores.device)
+        if attn_mask is not None:
+            key_visible = key_visible & torch.isfinite(attn_mask).unsqueeze(0)
+            scores = scores + torch.nan_to_num(attn_mask, neginf=0.0).to(scores.dtype)
+        routed = key_visible
+        if key_padding_mask is not None:
+            key_pad = key_padding_mask.to(torch.bool)
+            key_visible = key_visible & ~key_pad.unsqueeze(1)
+            routed = key_visible
+            if self.self_attention:  # query rows are the last tgt_len keys: pad rows are no capsules
+                routed = key_visible & ~key_pad[:, -tgt_len:].unsqueeze(2)
+        neutral = scores.transpose(1, 2).masked_fill(~routed.unsqueeze(2), 0.0).contiguous()
+        cap_state = None
+        if incremental_state is not None and self.capsule.causal:
+            cap_state = self.get_incremental_state(incremental_state, "capsule_state")
+        omega, new_state, info = self.capsule(neutral, routed.sum(-1), cap_state, capture=self.capture)
+        if incremental_state is not None and self.capsule.causal:
+            self.set_incremental_state(incremental_state, "capsule_state", new_state)
+        logits = (scores + omega.transpose(1, 2)).masked_fill(~key_visible.unsqueeze(1), float("-inf"))
+        if self.capture:
+            self.last_capture = dict(info, logits_before=scores.detach(), logits_after=logits.detach(),
+                                     visible=key_visible)
+        logits = logits.view(bsz * heads, tgt_len, src_len)
+        if before_softmax:
+            return logits, v
+        probs_float = utils.softmax(logits, dim=-1, onnx_trace=self.onnx_trace)
+        probs = self.dropout_module(probs_float.type_as(logits))
+        attn = torch.bmm(probs, v).transpose(0, 1).contiguous().view(tgt_len, bsz, embed_dim)
+        attn = self.out_proj(attn)
+        weights = None
+        if need_weights:
+            weights = probs_float.view(bsz, heads, tgt_len, src_len).transpose(1, 0)
+            if not need_head_weights:
+                weights = weights.mean(dim=0)
+        return attn, weights
+
+    def reorder_incremental_state(self, incremental_state, new_order):
+        incremental_state = super().reorder_incremental_state(incremental_state, new_order)
+        cap_state = self.get_incremental_state(incremental_state, "capsule_state")
+        if cap_state is not None:
+            for name, value in list(cap_state.items()):
+                cap_state[name] = value.index_select(0, new_order)
+            self.set_incremental_state(incremental_state, "capsule_state", cap_state)
+        return incremental_state
+
+
+def check_routing_iters(iters) -> None:
+    """``--routing-iters`` must be a positive integer (paper Alg. 1 runs ``r ≥ 1`` iterations)."""
+    if not isinstance(iters, int) or isinstance(iters, bool) or iters <= 0:
+        raise ValueError(f"--routing-iters must be a positive integer (got {iters!r}); "
+                         "dynamic routing needs at least one iteration")
