@@ -129,6 +129,12 @@ class FastTreesTransformerModel(TransformerModel):
                                            no_encoder_attn=safe_getattr(args, "no_cross_attention", False))
 
 
+def default_sizes(args, side, layers, dim, ffn, heads):
+    """Preset helper: ``--{side}-layers/-embed-dim/-ffn-embed-dim/-attention-heads`` unless given."""
+    for key, value in (("layers", layers), ("embed_dim", dim), ("ffn_embed_dim", ffn), ("attention_heads", heads)):
+        setattr(args, f"{side}_{key}", safe_getattr(args, f"{side}_{key}", value))
+
+
 def _fasttrees_defaults(args, chunk_size=8, master="ffn"):
     args.chunk_size = safe_getattr(args, "chunk_size", chunk_size)
     args.fasttrees_master = safe_getattr(args, "fasttrees_master", master)
@@ -148,11 +154,8 @@ def base_architecture(args):
 @register_model_architecture("fasttrees_transformer", "fasttrees_transformer_iwslt_en_vi")
 def fasttrees_transformer_iwslt_en_vi(args):
     """Transformer-base sizes (the paper's Tensor2Tensor ``transformer_base``): 6+6 layers, d 512, FFN 2048, 8 heads."""
-    args.encoder_embed_dim = safe_getattr(args, "encoder_embed_dim", 512)
-    args.encoder_ffn_embed_dim = safe_getattr(args, "encoder_ffn_embed_dim", 2048)
-    args.encoder_attention_heads = safe_getattr(args, "encoder_attention_heads", 8)
-    args.encoder_layers = safe_getattr(args, "encoder_layers", 6)
-    args.decoder_layers = safe_getattr(args, "decoder_layers", 6)
+    default_sizes(args, "encoder", 6, 512, 2048, 8)
+    default_sizes(args, "decoder", 6, args.encoder_embed_dim, args.encoder_ffn_embed_dim, args.encoder_attention_heads)
     args.dropout = safe_getattr(args, "dropout", 0.1)
     base_architecture(args)
 
@@ -167,14 +170,8 @@ def fasttrees_transformer_conv_iwslt_en_vi(args):
 @register_model_architecture("fasttrees_transformer", "fasttrees_transformer_multi30k")
 def fasttrees_transformer_multi30k(args):
     """Small model for Multi30k: 3+3 layers, d 256, FFN 1024, 4 heads, shared embeddings."""
-    args.encoder_embed_dim = safe_getattr(args, "encoder_embed_dim", 256)
-    args.encoder_ffn_embed_dim = safe_getattr(args, "encoder_ffn_embed_dim", 1024)
-    args.encoder_attention_heads = safe_getattr(args, "encoder_attention_heads", 4)
-    args.encoder_layers = safe_getattr(args, "encoder_layers", 3)
-    args.decoder_embed_dim = safe_getattr(args, "decoder_embed_dim", 256)
-    args.decoder_ffn_embed_dim = safe_getattr(args, "decoder_ffn_embed_dim", 1024)
-    args.decoder_attention_heads = safe_getattr(args, "decoder_attention_heads", 4)
-    args.decoder_layers = safe_getattr(args, "decoder_layers", 3)
+    default_sizes(args, "encoder", 3, 256, 1024, 4)
+    default_sizes(args, "decoder", 3, 256, 1024, 4)
     args.share_all_embeddings = safe_getattr(args, "share_all_embeddings", True)
     args.dropout = safe_getattr(args, "dropout", 0.3)
     base_architecture(args)
@@ -228,10 +225,7 @@ def fasttrees_roberta_base(args):
 @register_model_architecture("fasttrees_roberta", "fasttrees_roberta_logic")
 def fasttrees_roberta_logic(args):
     """Small encoder for logical inference / SST: 2 layers, d 128, FFN 512, 4 heads, chunk 8, dropout 0.2."""
-    args.encoder_layers = safe_getattr(args, "encoder_layers", 2)
-    args.encoder_embed_dim = safe_getattr(args, "encoder_embed_dim", 128)
-    args.encoder_ffn_embed_dim = safe_getattr(args, "encoder_ffn_embed_dim", 512)
-    args.encoder_attention_heads = safe_getattr(args, "encoder_attention_heads", 4)
+    default_sizes(args, "encoder", 2, 128, 512, 4)
     args.dropout = safe_getattr(args, "dropout", 0.2)
     args.attention_dropout = safe_getattr(args, "attention_dropout", 0.1)
     fasttrees_roberta_base(args)

@@ -21,6 +21,7 @@ from .fasttrees_transformer import (
     _as_namespace,
     _fasttrees_defaults,
     check_fasttrees_args,
+    default_sizes,
 )
 
 
@@ -57,10 +58,7 @@ class FastTreesLanguageModel(TransformerLanguageModel):
 @register_model_architecture("fasttrees_transformer_lm", "fasttrees_transformer_lm_ptb")
 def fasttrees_transformer_lm_ptb(args):
     """Small word-level LM for PTB: 3 layers, d 256, FFN 1024, 4 heads, chunk 8, dropout 0.3, tied embeddings."""
-    args.decoder_embed_dim = safe_getattr(args, "decoder_embed_dim", 256)
-    args.decoder_ffn_embed_dim = safe_getattr(args, "decoder_ffn_embed_dim", 1024)
-    args.decoder_layers = safe_getattr(args, "decoder_layers", 3)
-    args.decoder_attention_heads = safe_getattr(args, "decoder_attention_heads", 4)
+    default_sizes(args, "decoder", 3, 256, 1024, 4)
     args.dropout = safe_getattr(args, "dropout", 0.3)
     args.share_decoder_input_output_embed = safe_getattr(args, "share_decoder_input_output_embed", True)
     base_lm_architecture(args)
