@@ -42,9 +42,8 @@ from ..modules.fasttrees_layer import (
 
 
 def _as_namespace(args):
-    """Flat fairseq args (Namespace or DictConfig) as a Namespace, so extra keys survive TransformerConfig."""
-    if isinstance(args, argparse.Namespace):
-        return args
+    """A Namespace *copy* of flat fairseq args (Namespace or DictConfig): extra keys survive
+    TransformerConfig, and the caller's config (saved in checkpoints) is never mutated."""
     if OmegaConf.is_config(args):
         try:
             return argparse.Namespace(**OmegaConf.to_container(args, resolve=True))

@@ -5,7 +5,7 @@ are self-attention → FastTrees → FFN (:mod:`user_dir.modules.fasttrees_layer
 The master forget gates of its layers give the syntactic distances from
 which :mod:`user_dir.modules.fasttrees_trees` induces binary trees.
 """
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from fairseq.models import register_model, register_model_architecture
 from fairseq.models.transformer_lm import (
@@ -14,6 +14,7 @@ from fairseq.models.transformer_lm import (
     base_lm_architecture,
 )
 from fairseq.utils import safe_getattr
+from omegaconf import II
 
 from ..modules.fasttrees_layer import FastTreesConfig
 from .fasttrees_transformer import (
@@ -27,7 +28,15 @@ from .fasttrees_transformer import (
 
 @dataclass
 class FastTreesLanguageModelConfig(TransformerLanguageModelConfig, FastTreesConfig):
-    """``transformer_lm``'s options plus the FastTrees flags (``--chunk-size`` ...)."""
+    """``transformer_lm``'s options plus the FastTrees flags (``--chunk-size`` ...).
+
+    Unlike ``transformer_lm`` (whose input/output dims default to 512 whatever
+    ``--decoder-embed-dim`` is), they follow ``--decoder-embed-dim`` unless given.
+    """
+
+    decoder_input_dim: int = field(default=II("model.decoder_embed_dim"), metadata={"help": "decoder input dimension"})
+    decoder_output_dim: int = field(default=II("model.decoder_embed_dim"),
+                                    metadata={"help": "decoder output dimension"})
 
 
 @register_model("fasttrees_transformer_lm", dataclass=FastTreesLanguageModelConfig)
