@@ -141,22 +141,51 @@ def sequential_scan(a, b, c0=None):
     return torch.stack(out, 0)
 
 
-def linear_scan(a, b):
-    """Parallel evaluation of the linear recurrence ``c_t = a_t ∘ c_{t−1} + b_t`` (c_0 = 0; time is dim 0).
+def _doubling_scan(a, b, dim, need_products=True):
+    """Hillis–Steele scan along ``dim`` over the associative operator ``(a, b) ∘ (a', b') = (a·a', a'·b + b')``.
 
-    Hillis–Steele doubling scan over the associative operator
-    ``(a, b) ∘ (a', b') = (a·a', a'·b + b')``: ``⌈log2 T⌉`` vectorised steps
-    instead of T sequential ones.  It only multiplies and adds numbers of
-    the recurrence (|a| ≤ 1 here), with no division, exp or log, so it is as
-    accurate as the loop.  Returns ``(c, P)`` with ``P_t = Π_{l≤t} a_l``
-    (to add an initial state: ``c + P ∘ c_0``).
+    ``⌈log2 T⌉`` vectorised steps; returns ``(c, P)`` with ``P_t = Π_{l≤t} a_l``
+    (``P`` is only complete when ``need_products``).
     """
-    T, k = a.size(0), 1
+    T, k = a.size(dim), 1
     while k < T:
-        b = torch.cat([b[:k], torch.addcmul(b[k:], a[k:], b[:-k])], 0)
-        a = torch.cat([a[:k], a[k:] * a[:-k]], 0)
+        hi_a = a.narrow(dim, k, T - k)
+        b = torch.cat([b.narrow(dim, 0, k), torch.addcmul(b.narrow(dim, k, T - k), hi_a, b.narrow(dim, 0, T - k))],
+                      dim)
+        if need_products or 2 * k < T:
+            a = torch.cat([a.narrow(dim, 0, k), hi_a * a.narrow(dim, 0, T - k)], dim)
         k *= 2
     return b, a
+
+
+def linear_scan(a, b, c0=None, block_size=8):
+    """Parallel evaluation of the linear recurrence ``c_t = a_t ∘ c_{t−1} + b_t`` (time is dim 0).
+
+    A blocked parallel prefix scan: every block of ``block_size`` steps is
+    scanned with :func:`_doubling_scan` (all blocks at once), the carries
+    between blocks obey the same recurrence on a ``block_size`` times shorter
+    sequence (solved recursively), and one fused multiply-add applies them.
+    No Python loop over time; only products and sums of the recurrence's own
+    numbers (|a| ≤ 1 here), no division, exp or log, so it is as accurate as
+    the sequential loop.  ``c0`` (the incremental state c_{t−1}) enters as
+    ``b_1 + a_1 c0``.
+    """
+    if c0 is not None:
+        b = torch.cat([torch.addcmul(b[:1], a[:1], c0.unsqueeze(0)), b[1:]], 0)
+    T = a.size(0)
+    if T <= block_size:
+        return _doubling_scan(a, b, 0, need_products=False)[0]
+    nb = -(-T // block_size)
+    extra = nb * block_size - T
+    if extra:  # identity steps at the end
+        a = torch.cat([a, a.new_ones((extra,) + a.shape[1:])], 0)
+        b = torch.cat([b, b.new_zeros((extra,) + b.shape[1:])], 0)
+    shape = (nb, block_size) + a.shape[1:]
+    c_local, products = _doubling_scan(a.reshape(shape), b.reshape(shape), 1)
+    carry = linear_scan(products[:, -1], c_local[:, -1], block_size=block_size)  # c at each block's end
+    carry_in = torch.cat([torch.zeros_like(carry[:1]), carry[:-1]], 0)
+    c = torch.addcmul(c_local, products, carry_in.unsqueeze(1))
+    return c.reshape((nb * block_size,) + a.shape[1:])[:T]
 
 
 # --------------------------------------------------------------------------- sublayer
@@ -290,8 +319,7 @@ class FastTreesSublayer(nn.Module):
     def _scan(self, a, b, c0):
         if self.scan == "loop" or a.size(0) == 1:
             return sequential_scan(a, b, c0)
-        c, decay = linear_scan(a, b)
-        return c if c0 is None else c + decay * c0.unsqueeze(0)
+        return linear_scan(a, b, c0)
 
 
 # --------------------------------------------------------------------------- layers
