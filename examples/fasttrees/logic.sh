@@ -4,17 +4,11 @@
 # (2 layers, d 128, FFN 512, 4 heads), same seed, batch and updates; sentence-pair input <s> premise </s> hypothesis.
 #   examples/fasttrees/logic.sh                                    # full budget: all data, 30000 updates
 #   MAX_TRAIN=30000 MAX_UPDATE=500 examples/fasttrees/logic.sh     # reduced budget
-set -euo pipefail
-cd "$(dirname "$0")/../.."
-PY=${PYTHON:-/work/main/.venv/bin/python}
-BIN=$(dirname "$PY")
-SHARED=${SHARED:-../shared/data}
-[ -d "$SHARED" ] || SHARED=/work/shared/data
+source "$(dirname "$0")/common.sh"
 MAX_TRAIN=${MAX_TRAIN:-0}
 MAX_UPDATE=${MAX_UPDATE:-30000}
 BATCH=${BATCH:-128}
 WORK=${WORK:-benchmarks/work/logic_n${MAX_TRAIN}}
-export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} MKL_NUM_THREADS=${MKL_NUM_THREADS:-1}
 if [ ! -f "$WORK/bin/label/dict.txt" ]; then
   "$PY" preprocess/propositionallogic_prepare.py --data "$SHARED/propositionallogic" --dest "$WORK/bin" \
     --train-max-ops 6 --max-train "$MAX_TRAIN" --max-valid 2000

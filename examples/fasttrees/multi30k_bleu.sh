@@ -3,18 +3,12 @@
 # 4 heads, shared embeddings, joint BPE 8k), same seed, batch and updates; beam 5, sacrebleu on test_2016_flickr.
 #   examples/fasttrees/multi30k_bleu.sh                       # full budget: 428 updates of 4096 tokens
 #   MAX_UPDATE=60 MAX_TOKENS=2048 examples/fasttrees/multi30k_bleu.sh   # reduced budget
-set -euo pipefail
-cd "$(dirname "$0")/../.."
-PY=${PYTHON:-/work/main/.venv/bin/python}
-BIN=$(dirname "$PY")
-SHARED=${SHARED:-../shared/data}
-[ -d "$SHARED" ] || SHARED=/work/shared/data
+source "$(dirname "$0")/common.sh"
 WORK=${WORK:-benchmarks/work/multi30k}
 MAX_UPDATE=${MAX_UPDATE:-428}
 MAX_TOKENS=${MAX_TOKENS:-4096}
 WARMUP=${WARMUP:-400}
 ARCHS=${ARCHS:-"transformer fasttrees_transformer_multi30k"}
-export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} MKL_NUM_THREADS=${MKL_NUM_THREADS:-1}
 if [ ! -f "$WORK/bin/dict.en.txt" ]; then
   "$PY" preprocess/prepare_translation.py --raw "$SHARED/multi30k/tok" --src en --tgt de --dest "$WORK/bin" \
     --bpe subword-nmt --merges 8000 --test-pref test_2016_flickr.lc.norm.tok

@@ -2,16 +2,10 @@
 # fasttrees_transformer_lm on word-level PTB, then unsupervised parsing on the NLTK PTB sample.
 #   examples/fasttrees/ptb_lm_parsing.sh            # full budget (MAX_UPDATE=3000)
 #   MAX_UPDATE=300 examples/fasttrees/ptb_lm_parsing.sh   # reduced budget (what RESULTS.md records)
-set -euo pipefail
-cd "$(dirname "$0")/../.."
-PY=${PYTHON:-/work/main/.venv/bin/python}
-BIN=$(dirname "$PY")
-SHARED=${SHARED:-../shared/data}
-[ -d "$SHARED" ] || SHARED=/work/shared/data
+source "$(dirname "$0")/common.sh"
 WORK=${WORK:-benchmarks/work/ptb}
 MAX_UPDATE=${MAX_UPDATE:-3000}
 ARCH=${ARCH:-fasttrees_transformer_lm_ptb}
-export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} MKL_NUM_THREADS=${MKL_NUM_THREADS:-1}
 mkdir -p "$WORK/raw"
 if [ ! -f "$WORK/bin/dict.txt" ]; then
   xz -dc "$SHARED/ptb/ptb.train.txt.xz" > "$WORK/raw/train.txt"
