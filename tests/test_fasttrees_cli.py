@@ -1,5 +1,5 @@
-"""FastTrees through the real fairseq CLIs: NMT train → generate, LM train → eval-lm → trees, sentence-pair
-classification train → validate, one hydra YAML run."""
+"""FastTrees through the real fairseq CLIs: NMT train → generate, LM hydra-train (YAML) → eval-lm → trees,
+sentence-pair classification train → validate."""
 import importlib.util
 import os
 import random
@@ -7,8 +7,6 @@ import random
 from tests.helpers.cli import ROOT, TINY_TRANSLATION_ARGS, USER_DIR, fairseq, run, tool, train_translation
 
 FT_TINY = ["--chunk-size", "8"]
-LM_TINY = ["--decoder-layers", "2", "--decoder-embed-dim", "32", "--decoder-ffn-embed-dim", "64",
-           "--decoder-attention-heads", "2", "--chunk-size", "8"]
 COMMON = ["--optimizer", "adam", "--lr", "1e-3", "--cpu", "--num-workers", "0", "--seed", "1",
           "--no-progress-bar", "--log-format", "simple", "--no-epoch-checkpoints"]
 
@@ -31,11 +29,14 @@ def test_translation_train_and_beam_generate(toy_translation_bin, tmp_path):
     assert "BLEU" in out
 
 
-def test_language_model_train_eval_and_trees(toy_lm_bin, tmp_path, capsys):
+def test_language_model_hydra_train_eval_and_trees(toy_lm_bin, tmp_path, capsys):
+    """The LM is trained through one of the hydra YAMLs (tiny overrides), then fairseq-eval-lm and the tree tools."""
     save = tmp_path / "lm"
-    fairseq("train", toy_lm_bin, "--task", "language_modeling", "--arch", "fasttrees_transformer_lm", *LM_TINY,
-            "--tokens-per-sample", "64", "--sample-break-mode", "eos", "--max-tokens", "1000", "--max-update", "4",
-            "--save-dir", save, *COMMON)
+    run([tool("fairseq-hydra-train"), "--config-dir", "examples/fasttrees", "--config-name", "fasttrees_lm_ptb",
+         f"task.data={toy_lm_bin}", f"common.user_dir={USER_DIR}", "model.decoder_layers=2",
+         "model.decoder_embed_dim=32", "model.decoder_ffn_embed_dim=64", "model.decoder_attention_heads=2",
+         "task.tokens_per_sample=64", "optimization.max_update=4", f"checkpoint.save_dir={save}",
+         f"hydra.run.dir={tmp_path / 'hydra'}", "dataset.max_tokens=1000"])
     ckpt = save / "checkpoint_last.pt"
     out = fairseq("eval-lm", toy_lm_bin, "--path", ckpt, "--cpu", "--max-tokens", "1000",
                   "--tokens-per-sample", "64", "--sample-break-mode", "eos")
@@ -105,12 +106,3 @@ def test_sentence_pair_classification_train_and_validate(tmp_path):
                   save / "checkpoint_last.pt", "--valid-subset", "test_ops3", "--batch-size", "16", "--cpu")
     log = out.stdout + out.stderr
     assert "test_ops3" in log and "accuracy" in log
-
-
-def test_hydra_yaml_language_model(toy_lm_bin, tmp_path):
-    run([tool("fairseq-hydra-train"), "--config-dir", "examples/fasttrees", "--config-name", "fasttrees_lm_ptb",
-         f"task.data={toy_lm_bin}", f"common.user_dir={USER_DIR}", "model.decoder_layers=1",
-         "model.decoder_embed_dim=32", "model.decoder_ffn_embed_dim=64", "model.decoder_attention_heads=2",
-         "optimization.max_update=2", f"checkpoint.save_dir={tmp_path / 'ck'}", f"hydra.run.dir={tmp_path / 'h'}",
-         "dataset.max_tokens=1000"])
-    assert (tmp_path / "ck" / "checkpoint_last.pt").exists()
