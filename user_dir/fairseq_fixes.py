@@ -5,6 +5,9 @@
   #5036. ``fairseq-generate`` then translates fewer sentences than the test
   set has, and ``fairseq-validate``/``fairseq-eval-lm`` score fewer tokens.
   The patched version keeps that batch.
+* ``np.compat.long`` (removed in numpy 2) is used by ``TokenBlockDataset``
+  with ``--sample-break-mode eos`` and by ``LanguagePairDataset``; a tiny
+  ``numpy.compat`` stand-in with ``long = int64`` is provided when missing.
 """
 import functools
 
@@ -27,6 +30,18 @@ def _keep_last_batch(batch_by_size):
     return patched
 
 
+def _numpy_compat():
+    import types
+
+    import numpy as np
+
+    try:
+        np.compat.long
+    except AttributeError:
+        np.compat = types.SimpleNamespace(long=np.int64)
+
+
 def install():
+    _numpy_compat()
     if not getattr(data_utils.batch_by_size, "_fairseq_struct_fixed", False):
         data_utils.batch_by_size = _keep_last_batch(data_utils.batch_by_size)

@@ -1,0 +1,190 @@
+#!/usr/bin/env python
+"""FastTrees speed ratios, each measured against its baseline in the same process (medians).
+
+    OMP_NUM_THREADS=1 python benchmarks/fasttrees/speed.py [--repeats 7]
+
+1. training step (forward + backward + Adam) of ``fasttrees_transformer`` vs fairseq's ``transformer``
+   at the same sizes (3+3 layers, d 256, FFN 1024, 4 heads; batch 32 × 20 tokens);  target ≤ 1.2x;
+2. training step of an ON-LSTM LM (benchmarks/fasttrees/onlstm.py) vs a FastTrees LM of equal hidden size
+   and depth whose layers are FastTrees sublayers (the paper's Table 1 comparison), and vs the full
+   ``fasttrees_transformer_lm`` (3 layers, hidden 256, batch 16 × 70 tokens);  target ≥ 1.3x faster;
+3. the FastTrees recurrence at length 256 (batch 16, d 256): parallel scan vs a sequential loop over
+   time that indexes x[t] as the released ON-LSTM/FastTrees code (forward + backward; the raw
+   recurrence and the whole sublayer);  target ≥ 5x.  A leaner loop (unbind) is timed too.
+"""
+import argparse
+import os
+import statistics
+import sys
+import time
+
+import torch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import user_dir  # noqa: E402,F401
+from onlstm import ONLSTMLanguageModel  # noqa: E402
+from tests.helpers.models import build, toy_dictionary  # noqa: E402
+from user_dir.modules.fasttrees_layer import FastTreesOptions, FastTreesSublayer, linear_scan, sequential_scan  # noqa
+
+SIZES = ["--encoder-layers", 3, "--decoder-layers", 3, "--encoder-embed-dim", 256, "--decoder-embed-dim", 256,
+         "--encoder-ffn-embed-dim", 1024, "--decoder-ffn-embed-dim", 1024, "--encoder-attention-heads", 4,
+         "--decoder-attention-heads", 4, "--share-all-embeddings", "--dropout", 0.1, "--chunk-size", 8]
+
+
+def median_time(fn, repeats, warmup=2):
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times)
+
+
+def interleaved(fns, repeats):
+    """Medians of several functions, run in alternation so that load changes hit all alike."""
+    for fn in fns.values():
+        fn()
+    times = {k: [] for k in fns}
+    for _ in range(repeats):
+        for k, fn in fns.items():
+            t = time.perf_counter()
+            fn()
+            times[k].append(time.perf_counter() - t)
+    return {k: statistics.median(v) for k, v in times.items()}
+
+
+def train_step_fn(model, loss_fn):
+    opt = torch.optim.Adam(model.parameters(), lr=1e-4)
+    model.train()
+
+    def step():
+        opt.zero_grad()
+        loss_fn(model).backward()
+        opt.step()
+
+    return step
+
+
+def translation_ratio(repeats):
+    d = toy_dictionary(8000)
+    g = torch.Generator().manual_seed(0)
+    src = torch.randint(4, len(d), (32, 20), generator=g)
+    tgt = torch.randint(4, len(d), (32, 20), generator=g)
+    prev = torch.cat([torch.full((32, 1), d.eos()), tgt[:, :-1]], 1)
+    lengths = torch.full((32,), 20)
+
+    def loss(m):
+        logits = m(src, lengths, prev)[0]
+        return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.size(-1)), tgt.reshape(-1))
+
+    steps = {}
+    for arch in ("transformer", "fasttrees_transformer"):
+        extra = SIZES if arch.startswith("fasttrees") else SIZES[:-2]
+        model, _ = build(arch, extra, dictionary=d)
+        steps[arch] = train_step_fn(model, loss)
+    return interleaved(steps, repeats)
+
+
+class FastTreesRNNLanguageModel(torch.nn.Module):
+    """The paper's LM setting (Table 1): ON-LSTM layers replaced by FastTrees layers (no attention, no FFN)."""
+
+    def __init__(self, vocab, hidden, layers, chunk_size):
+        super().__init__()
+        self.embed = torch.nn.Embedding(vocab, hidden)
+        self.layers = torch.nn.ModuleList(FastTreesSublayer(hidden, FastTreesOptions(chunk_size=chunk_size))
+                                          for _ in range(layers))
+        self.out = torch.nn.Linear(hidden, vocab)
+        self.out.weight = self.embed.weight
+
+    def forward(self, tokens):
+        x = self.embed(tokens).transpose(0, 1)
+        for layer in self.layers:
+            x = layer(x)
+        return self.out(x.transpose(0, 1))
+
+
+def onlstm_ratio(repeats):
+    d = toy_dictionary(10000)
+    g = torch.Generator().manual_seed(0)
+    tokens = torch.randint(4, len(d), (16, 70), generator=g)
+    target = torch.randint(4, len(d), (16, 70), generator=g)
+
+    def loss(m):
+        out = m(tokens)
+        logits = out[0] if isinstance(out, tuple) else out
+        return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.size(-1)), target.reshape(-1))
+
+    ft, _ = build("fasttrees_transformer_lm", ["--decoder-layers", 3, "--decoder-embed-dim", 256,
+                                               "--decoder-ffn-embed-dim", 1024, "--decoder-attention-heads", 4,
+                                               "--share-decoder-input-output-embed", "--chunk-size", 8,
+                                               "--dropout", 0.1], task="language_modeling", dictionary=d)
+    torch.manual_seed(0)
+    on = ONLSTMLanguageModel(len(d), 256, 3, 8)
+    torch.manual_seed(0)
+    rnn = FastTreesRNNLanguageModel(len(d), 256, 3, 8)
+    return interleaved({"onlstm": train_step_fn(on, loss), "fasttrees_rnn": train_step_fn(rnn, loss),
+                        "fasttrees_transformer_lm": train_step_fn(ft, loss)}, repeats)
+
+
+def unbind_loop(a, b):
+    """A leaner sequential loop (unbind instead of indexing: no full-size gradient per step)."""
+    c, out = torch.zeros_like(b[0]), []
+    for at, bt in zip(a.unbind(0), b.unbind(0)):
+        c = torch.addcmul(bt, at, c)
+        out.append(c)
+    return torch.stack(out, 0)
+
+
+def scan_ratio(repeats, T=256, B=16, D=256):
+    g = torch.Generator().manual_seed(0)
+    a = torch.rand(T, B, D, generator=g).requires_grad_()
+    b = torch.randn(T, B, D, generator=g).requires_grad_()
+
+    def run(fn):
+        return lambda: fn().sum().backward()
+
+    raw = interleaved({"loop": run(lambda: sequential_scan(a, b)), "unbind": run(lambda: unbind_loop(a, b)),
+                       "scan": run(lambda: linear_scan(a, b))}, repeats)
+    torch.manual_seed(0)
+    layer = FastTreesSublayer(D, FastTreesOptions(chunk_size=8), causal=True)
+    x = torch.randn(T, B, D, generator=g)
+
+    def sub(mode):
+        def f():
+            layer.scan = mode
+            return layer(x)
+        return run(f)
+
+    whole = interleaved({"loop": sub("loop"), "scan": sub("parallel")}, repeats)
+    return raw, whole
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--repeats", type=int, default=7)
+    args = p.parse_args()
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+    print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, repeats {args.repeats} (medians)")
+    t = translation_ratio(args.repeats)
+    print(f"1. train step  transformer {t['transformer'] * 1e3:.0f} ms  fasttrees_transformer "
+          f"{t['fasttrees_transformer'] * 1e3:.0f} ms  ratio {t['fasttrees_transformer'] / t['transformer']:.2f}x"
+          "  (target <= 1.2x)")
+    o = onlstm_ratio(args.repeats)
+    print(f"2. train step  ON-LSTM LM {o['onlstm'] * 1e3:.0f} ms;  FastTrees LM (FastTrees layers in place of the "
+          f"ON-LSTM layers, the paper's Table 1 setting) {o['fasttrees_rnn'] * 1e3:.0f} ms  speed-up "
+          f"{o['onlstm'] / o['fasttrees_rnn']:.2f}x  (target >= 1.3x);  fasttrees_transformer_lm "
+          f"{o['fasttrees_transformer_lm'] * 1e3:.0f} ms  speed-up {o['onlstm'] / o['fasttrees_transformer_lm']:.2f}x")
+    raw, whole = scan_ratio(args.repeats)
+    print(f"3. length 256, fwd+bwd  raw recurrence: loop {raw['loop'] * 1e3:.0f} ms  scan {raw['scan'] * 1e3:.0f} ms"
+          f"  speed-up {raw['loop'] / raw['scan']:.2f}x  (lean unbind loop {raw['unbind'] * 1e3:.0f} ms: "
+          f"{raw['unbind'] / raw['scan']:.2f}x);  whole sublayer: loop {whole['loop'] * 1e3:.0f} ms  scan "
+          f"{whole['scan'] * 1e3:.0f} ms  speed-up {whole['loop'] / whole['scan']:.2f}x  (target >= 5x)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,239 @@
+"""FastTrees: scan = loop, gate structure, batching invariance, causality, incremental decoding, DDP, trees, errors."""
+import pytest
+import torch
+
+from tests.helpers import invariance
+from tests.helpers.ddp import assert_ddp_matches_single_process
+from tests.helpers.models import build, prev_output, random_sentences
+from user_dir.modules.fasttrees_layer import (
+    FastTreesOptions,
+    FastTreesSublayer,
+    cumax,
+    fasttrees_modules,
+    linear_scan,
+    sequential_scan,
+)
+from user_dir.modules.fasttrees_trees import (
+    build_tree,
+    get_brackets,
+    gold_tree,
+    layer_distances,
+    left_branching,
+    parse_sexpr,
+    right_branching,
+    sentence_f1,
+    tree_to_string,
+)
+
+TINY_MT = ["--encoder-layers", 1, "--decoder-layers", 1, "--encoder-embed-dim", 16, "--decoder-embed-dim", 16,
+           "--encoder-ffn-embed-dim", 32, "--decoder-ffn-embed-dim", 32, "--encoder-attention-heads", 2,
+           "--decoder-attention-heads", 2, "--dropout", 0, "--chunk-size", 4]
+TINY_LM = ["--decoder-layers", 2, "--decoder-embed-dim", 16, "--decoder-ffn-embed-dim", 32,
+           "--decoder-attention-heads", 2, "--dropout", 0, "--chunk-size", 4]
+VARIANTS = {
+    "ffn": [],
+    "conv": ["--fasttrees-master", "conv", "--conv-kernel-size", 3, "--conv-dilation", 2],
+    "bidirectional": ["--fasttrees-bidirectional"],
+    "no-recurrence": ["--fasttrees-no-recurrence"],
+}
+
+
+# --------------------------------------------------------------------------- scan
+@pytest.mark.parametrize("T", [1, 2, 7, 64, 257])
+def test_parallel_scan_equals_sequential_loop(T):
+    g = torch.Generator().manual_seed(T)
+    a = torch.rand(T, 3, 8, generator=g, dtype=torch.float64).requires_grad_()
+    b = torch.randn(T, 3, 8, generator=g, dtype=torch.float64).requires_grad_()
+    ref = sequential_scan(a, b)
+    got = linear_scan(a, b)
+    assert torch.allclose(got, ref, atol=1e-12)
+    c0 = torch.randn(3, 8, generator=g, dtype=torch.float64)
+    assert torch.allclose(linear_scan(a, b, c0, block_size=4), sequential_scan(a, b, c0), atol=1e-12)
+    ga = torch.autograd.grad(ref.sum(), (a, b), allow_unused=True, materialize_grads=True)
+    gb = torch.autograd.grad(got.sum(), (a, b), allow_unused=True, materialize_grads=True)
+    for x, y in zip(ga, gb):
+        assert torch.allclose(x, y, atol=1e-10)
+    # float32, long sequence: within float error of the float64 loop
+    a32, b32 = a.detach().float(), b.detach().float()
+    err = (linear_scan(a32, b32).double() - ref.detach()).abs().max().item()
+    assert err < 1e-5, err
+
+
+def test_scan_is_not_trivially_equal():
+    """The check above can fail: a scan that ignores c_{t-1} differs from the loop."""
+    a, b = torch.full((5, 1), 0.5), torch.ones(5, 1)
+    assert not torch.allclose(linear_scan(a, b), b)
+    assert torch.allclose(linear_scan(a, b)[:, 0], torch.tensor([1, 1.5, 1.75, 1.875, 1.9375]))
+
+
+@pytest.mark.parametrize("bidirectional", [False, True])
+def test_sublayer_parallel_equals_loop_with_padding(bidirectional):
+    torch.manual_seed(0)
+    layer = FastTreesSublayer(16, FastTreesOptions(chunk_size=4), causal=not bidirectional,
+                              bidirectional=bidirectional).double()
+    x = torch.randn(9, 3, 16, dtype=torch.float64)
+    pad = torch.zeros(3, 9, dtype=torch.bool)
+    pad[1, :4] = True  # left padding
+    pad[2, 6:] = True  # right padding
+    fast = layer(x, pad)
+    layer.scan = "loop"
+    slow = layer(x, pad)
+    assert torch.allclose(fast, slow, atol=1e-12)
+
+
+def test_master_gates_are_ordered_and_chunked():
+    torch.manual_seed(0)
+    layer = FastTreesSublayer(24, FastTreesOptions(chunk_size=3), causal=True)
+    f_master, i_master = layer.master_gates(torch.randn(5, 2, 24))
+    assert f_master.shape == (5, 2, 8)  # 24 / chunk 3 master units
+    assert (f_master.diff(dim=-1) >= -1e-6).all() and torch.allclose(f_master[..., -1], torch.ones(5, 2))
+    assert (i_master.diff(dim=-1) <= 1e-6).all() and torch.allclose(i_master[..., -1], torch.zeros(5, 2), atol=1e-6)
+    assert torch.allclose(cumax(torch.zeros(4)), torch.tensor([0.25, 0.5, 0.75, 1.0]))
+
+
+def test_conv_master_is_causal():
+    """Conv. FastTrees: gates at t do not depend on x_{>t} (the released ConvFT reads x_{t+1})."""
+    torch.manual_seed(0)
+    layer = FastTreesSublayer(16, FastTreesOptions(chunk_size=4, master="conv", conv_kernel_size=2,
+                                                   conv_dilation=2), causal=True)
+    x = torch.randn(8, 1, 16)
+    base = layer(x)
+    for t in range(7):
+        changed = x.clone()
+        changed[t + 1:] = torch.randn(7 - t, 1, 16)
+        assert torch.allclose(layer(changed)[: t + 1], base[: t + 1], atol=1e-6)
+        assert not torch.allclose(layer(changed)[t + 1:], base[t + 1:])
+
+
+# --------------------------------------------------------------------------- models
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_translation_model_invariances(variant):
+    model, d = build("fasttrees_transformer", TINY_MT + VARIANTS[variant])
+    srcs = random_sentences(d, [5, 9, 3], seed=1)
+    tgts = [prev_output(t, d.eos()) for t in random_sentences(d, [7, 4, 6], seed=2)]
+    invariance.assert_padding_invariant(model, srcs, tgts, d.pad())
+    invariance.assert_decoder_causal(model, srcs[0], tgts[0], d.pad(), len(d))
+    invariance.assert_incremental_equals_full(model, srcs[1], tgts[0], d.pad())
+
+
+@pytest.mark.parametrize("variant", ["ffn", "conv"])
+def test_language_model_invariances(variant):
+    model, d = build("fasttrees_transformer_lm", TINY_LM + VARIANTS[variant], task="language_modeling")
+    tgts = [prev_output(t, d.eos()) for t in random_sentences(d, [7, 4, 9], seed=2)]
+    invariance.assert_padding_invariant(model, None, tgts, d.pad())
+    invariance.assert_decoder_causal(model, None, tgts[2], d.pad(), len(d))
+    invariance.assert_incremental_equals_full(model, None, tgts[2], d.pad())
+
+
+def test_block_order_self_attention_fasttrees_ffn():
+    model, _ = build("fasttrees_transformer", TINY_MT)
+    layer = model.encoder.layers[0]
+    calls = []
+    for name in ("self_attn", "fasttrees", "fc1"):
+        getattr(layer, name).register_forward_hook(lambda m, i, o, name=name: calls.append(name))
+    model.encoder(torch.tensor([[5, 6, 7, 2]]), src_lengths=torch.tensor([4]))
+    assert calls == ["self_attn", "fasttrees", "fc1"]
+    assert len(fasttrees_modules(model)) == 2  # one per encoder and decoder layer
+
+
+def _roberta(extra=()):
+    return build("fasttrees_roberta_logic", ["--encoder-embed-dim", 16, "--encoder-ffn-embed-dim", 32,
+                                             "--encoder-layers", 1, "--chunk-size", 4, "--dropout", 0,
+                                             "--criterion", "sentence_prediction", "--num-classes", 3,
+                                             "--max-positions", 64, *extra], task="sentence_prediction")
+
+
+def test_classification_head_interface_and_padding():
+    model, d = _roberta(["--fasttrees-bidirectional"])
+    model.register_classification_head("sentence_classification_head", num_classes=3)
+    sents = [torch.cat([torch.tensor([d.bos()]), s]) for s in random_sentences(d, [6, 3], seed=4)]
+    batch = torch.full((2, 8), d.pad())
+    batch[0], batch[1, :5] = sents[0], sents[1]  # right padding, as sentence_prediction collates
+    logits, _ = model(batch, features_only=True, classification_head_name="sentence_classification_head")
+    alone, _ = model(sents[1][None], features_only=True, classification_head_name="sentence_classification_head")
+    assert logits.shape == (2, 3)
+    assert torch.allclose(logits[1], alone[0], atol=1e-5)
+
+
+def ddp_setup():
+    model, d = build("fasttrees_transformer", TINY_MT + VARIANTS["conv"] + ["--fasttrees-bidirectional"])
+    model.train()
+    batches = []
+    for seed in (1, 2):
+        src = torch.stack(random_sentences(d, [5, 5], seed=seed))
+        tgt = torch.stack(random_sentences(d, [4, 4], seed=seed + 10))
+        prev = torch.stack([prev_output(t, d.eos()) for t in tgt])
+        batches.append((src, torch.tensor([6, 6]), prev, tgt))
+
+    def loss_fn(m, batch):
+        src, lengths, prev, target = batch
+        logits = m(src, lengths, prev)[0]
+        return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.size(-1)), target.reshape(-1))
+
+    return model, batches, loss_fn
+
+
+def test_ddp_readiness():
+    assert_ddp_matches_single_process("tests.test_fasttrees:ddp_setup")
+
+
+# --------------------------------------------------------------------------- trees
+def test_build_tree_hand_checked():
+    words = "the cat sat on the mat".split()
+    tree = build_tree([0.0, 0.1, 0.8, 0.3, 0.5, 0.2], words)
+    # split before "sat" (largest), then before "cat" and before the second "the"
+    assert tree_to_string(tree) == "((the cat) (sat (on (the mat))))"
+    assert get_brackets(tree)[0] == {(0, 2), (2, 6), (3, 6), (4, 6)}
+    gold = [["the", "cat"], ["sat", ["on", ["the", "mat"]]]]
+    assert sentence_f1(tree, gold) == 1.0
+    # right-branching shares (2,6) (3,6) (4,6) of 4 gold brackets: P = 3/4 (0,6 not counted), R = 3/4
+    assert sentence_f1(right_branching(words), gold) == pytest.approx(0.75)
+    assert tree_to_string(left_branching(words[:3])) == "((the cat) sat)"
+    assert tree_to_string(build_tree([0.5, 0.5, 0.1], ["a", "b", "c"])) == "(a (b c))"  # ties: first maximum
+
+
+def test_gold_tree_drops_punctuation_and_empty_elements():
+    text = "( (S (NP-SBJ (DT The) (NN cat) ) (, ,) (VP (VBD sat) (NP (-NONE- *T*-1) )) (. .) ))"
+    (node,) = parse_sexpr(text)
+    assert gold_tree(node) == [["the", "cat"], "sat"]
+
+
+def test_layer_distances_are_one_minus_mean_master_forget():
+    model, d = build("fasttrees_transformer_lm", TINY_LM, task="language_modeling")
+    tokens = torch.stack(random_sentences(d, [6, 6], seed=3))
+    dist = layer_distances(model, tokens)
+    assert dist.shape == (2, 2, 7)
+    inputs = []
+    sublayer = model.decoder.layers[0].fasttrees
+    sublayer.register_forward_hook(lambda m, args, out: inputs.append(args[0]))
+    with torch.no_grad():
+        model(tokens)
+        f_master, _ = sublayer.master_gates(inputs[0])
+    assert torch.allclose(dist[0], 1 - f_master.mean(-1).t(), atol=1e-5)
+    assert all(m.distance is None and not m.record_distance for m in fasttrees_modules(model))
+
+
+def test_tree_request_on_model_without_fasttrees_layers():
+    model, d = build("transformer_lm", ["--decoder-layers", 1, "--decoder-embed-dim", 16,
+                                        "--decoder-ffn-embed-dim", 32, "--decoder-attention-heads", 2],
+                     task="language_modeling")
+    with pytest.raises(ValueError, match="no FastTrees layers"):
+        layer_distances(model, torch.tensor([[2, 5, 6]]))
+
+
+# --------------------------------------------------------------------------- bad input
+@pytest.mark.parametrize("extra, message", [
+    (["--chunk-size", 5], r"--chunk-size 5 must be a positive divisor of the model dimension 16"),
+    (["--chunk-size", 0], r"--chunk-size 0"),
+    (["--fasttrees-master", "conv", "--conv-kernel-size", 0], r"--conv-kernel-size must be >= 1, got 0"),
+    (["--fasttrees-master", "conv", "--conv-dilation", 0], r"--conv-dilation must be >= 1"),
+    (["--chunk-size", 16, "--fasttrees-bidirectional"], r"--fasttrees-bidirectional needs an even number"),
+])
+def test_bad_flags_give_clear_errors(extra, message):
+    with pytest.raises(ValueError, match=message):
+        build("fasttrees_transformer", TINY_MT + extra)
+
+
+def test_bidirectional_language_model_is_refused():
+    with pytest.raises(ValueError, match="--fasttrees-bidirectional is for encoders"):
+        build("fasttrees_transformer_lm", TINY_LM + ["--fasttrees-bidirectional"], task="language_modeling")

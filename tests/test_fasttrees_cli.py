@@ -1,0 +1,108 @@
+"""FastTrees through the real fairseq CLIs: NMT train → generate, LM hydra-train (YAML) → eval-lm → trees,
+sentence-pair classification train → validate."""
+import importlib.util
+import os
+import random
+
+from tests.helpers.cli import ROOT, TINY_TRANSLATION_ARGS, USER_DIR, fairseq, run, tool, train_translation
+
+FT_TINY = ["--chunk-size", "8"]
+COMMON = ["--optimizer", "adam", "--lr", "1e-3", "--cpu", "--num-workers", "0", "--seed", "1",
+          "--no-progress-bar", "--log-format", "simple", "--no-epoch-checkpoints"]
+
+
+def in_process(path, *args):
+    """Runs one of the project's scripts' ``main(argv)`` in this process (saves an interpreter start)."""
+    spec = importlib.util.spec_from_file_location("script_under_test", os.path.join(ROOT, path))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    module.main([str(a) for a in args])
+
+
+def test_translation_train_and_beam_generate(toy_translation_bin, tmp_path):
+    ckpt = train_translation(toy_translation_bin, tmp_path / "ck", "fasttrees_transformer",
+                             *TINY_TRANSLATION_ARGS, *FT_TINY, "--fasttrees-master", "conv", max_update=4)
+    out = fairseq("generate", toy_translation_bin, "--path", ckpt, "--beam", "3", "--batch-size", "16",
+                  "--max-len-b", "20", "--cpu", "--remove-bpe").stdout
+    hyps = [line for line in out.splitlines() if line.startswith("H-")]
+    assert len(hyps) == 40, out[-2000:]
+    assert "BLEU" in out
+
+
+def test_language_model_hydra_train_eval_and_trees(toy_lm_bin, tmp_path, capsys):
+    """The LM is trained through one of the hydra YAMLs (tiny overrides), then fairseq-eval-lm and the tree tools."""
+    save = tmp_path / "lm"
+    run([tool("fairseq-hydra-train"), "--config-dir", "examples/fasttrees", "--config-name", "fasttrees_lm_ptb",
+         f"task.data={toy_lm_bin}", f"common.user_dir={USER_DIR}", "model.decoder_layers=2",
+         "model.decoder_embed_dim=32", "model.decoder_ffn_embed_dim=64", "model.decoder_attention_heads=2",
+         "task.tokens_per_sample=64", "optimization.max_update=4", f"checkpoint.save_dir={save}",
+         f"hydra.run.dir={tmp_path / 'hydra'}", "dataset.max_tokens=1000"])
+    ckpt = save / "checkpoint_last.pt"
+    out = fairseq("eval-lm", toy_lm_bin, "--path", ckpt, "--cpu", "--max-tokens", "1000",
+                  "--tokens-per-sample", "64", "--sample-break-mode", "eos")
+    assert "Perplexity" in out.stdout + out.stderr
+
+    words = [w.split()[0] for w in open(os.path.join(toy_lm_bin, "dict.txt")).readlines()[:6]]
+    sentences = tmp_path / "sents.txt"
+    sentences.write_text(" ".join(words) + "\n" + " ".join(words[:3]) + "\n")
+    png = tmp_path / "png"
+    capsys.readouterr()
+    in_process("examples/fasttrees/induce_trees.py", "--path", ckpt, "--input", sentences,
+               "--png-dir", png, "--show-distances")
+    trees = capsys.readouterr().out
+    lines = [line.split("\t") for line in trees.splitlines()]
+    tree_lines = [cols for cols in lines if len(cols) == 3]
+    assert [(c[0], c[1]) for c in tree_lines] == [("1", "layer0"), ("1", "layer1"), ("2", "layer0"), ("2", "layer1")]
+    for cols in tree_lines:  # a binary bracketing over exactly the input words
+        toks = cols[2].replace("(", " ").replace(")", " ").split()
+        assert toks == (words if cols[0] == "1" else words[:3])
+        assert cols[2].count("(") == len(toks) - 1
+    assert sorted(os.listdir(png)) == ["sent1_layer0.png", "sent1_layer1.png", "sent2_layer0.png", "sent2_layer1.png"]
+
+    treebank = tmp_path / "mrg"
+    treebank.mkdir()
+    (treebank / "wsj_0001.mrg").write_text(
+        f"( (S (NP (DT {words[0]}) (NN {words[1]})) (VP (VBD {words[2]}) (NP (NN {words[3]}))) (. .)))\n")
+    in_process("examples/fasttrees/eval_parsing.py", "--path", ckpt, "--treebank", treebank)
+    table = capsys.readouterr().out
+    # gold ((w0 w1) (w2 w3)): each baseline finds one of its two brackets
+    assert "| left-branching | 50.0 |" in table and "| right-branching | 50.0 |" in table
+    assert "| FastTrees layer 1 |" in table
+
+
+def _fake_logic(directory, max_ops=3, lines=60, seed=0):
+    """Files in the format of Bowman et al.'s data: RELATION<TAB>premise<TAB>hypothesis."""
+    rng = random.Random(seed)
+
+    def formula(ops):
+        if ops == 0:
+            return rng.choice("abcdef")
+        if rng.random() < 0.3:
+            return f"( not {formula(ops - 1)} )"
+        k = rng.randrange(ops)
+        return f"( {formula(k)} ( {rng.choice(['and', 'or'])} {formula(ops - 1 - k)} ) )"
+
+    for split in ("train", "test"):
+        for ops in range(max_ops + 1):
+            with open(os.path.join(directory, f"{split}{ops}"), "w") as f:
+                for _ in range(lines):
+                    f.write(f"{rng.choice('#<>=^v|')}\t{formula(ops)}\t{formula(rng.randrange(ops + 1))}\n")
+
+
+def test_sentence_pair_classification_train_and_validate(tmp_path):
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    _fake_logic(raw)
+    data = tmp_path / "bin"
+    in_process("preprocess/propositionallogic_prepare.py", "--data", raw, "--dest", data, "--train-max-ops", "2",
+               "--test-ops", "1-3")
+    save = tmp_path / "cls"
+    task = ["--task", "sentence_prediction", "--num-classes", "7", "--init-token", "0", "--separator-token", "2",
+            "--max-positions", "128"]
+    fairseq("train", data, *task, "--criterion", "sentence_prediction", "--arch", "fasttrees_roberta_conv_logic",
+            "--encoder-embed-dim", "32", "--encoder-ffn-embed-dim", "64", "--fasttrees-bidirectional",
+            "--batch-size", "16", "--max-update", "4", "--save-dir", save, *COMMON)
+    out = fairseq("validate", data, *task, "--criterion", "sentence_prediction", "--path",
+                  save / "checkpoint_last.pt", "--valid-subset", "test_ops3", "--batch-size", "16", "--cpu")
+    log = out.stdout + out.stderr
+    assert "test_ops3" in log and "accuracy" in log

@@ -1,0 +1,435 @@
+"""FastTrees: parallel latent tree induction as a Transformer sublayer.
+
+Paper: Pung & Chan, "FastTrees: Parallel Latent Tree-Induction for Faster
+Sequence Encoding" (arXiv 2111.14031), built on the ordered-neuron gates of
+ON-LSTM (Shen et al., ICLR 2019).  The paper's equations were lost from our
+copy; the prose and the released RNN code fix the design below (see
+``docs/fasttrees.md`` and design notes §5).  Symbols follow ON-LSTM.
+
+Master gates (paper, "master forget gate ... master input gate"), computed in
+parallel from the sublayer input only::
+
+    f̃_t = cumax(F_f(x_t))          ĩ_t = 1 − cumax(F_i(x_t))          cumax = cumsum ∘ softmax
+
+* ``--fasttrees-master ffn`` (default, "FastTrees"): F is a two-layer
+  position-wise FFN, ``Linear(d, h) → ReLU → Linear(h, D_m)``.
+* ``--fasttrees-master conv`` ("Conv. FastTrees"): a *causal* 1-D convolution
+  over time (kernel ``--conv-kernel-size``, dilation ``--conv-dilation``; the
+  input is left-padded by ``(k−1)·dilation``, so x_t never sees tokens > t)
+  followed by one position-wise layer.  The released ``ConvFT.py`` reads the
+  next token (no chomp); this module deliberately does not.
+
+``D_m = d / C`` master units, each controlling ``C = --chunk-size`` neurons
+(ON-LSTM chunking).  Structured gating (ON-LSTM eqs. 9–14), with the standard
+gates from x_t only (as the released ``FasterFT.py``)::
+
+    f, i, o = σ(W x_t + b),   ĉ = tanh(W_c x_t + b_c)
+    ω = f̃ ∘ ĩ,   f̂ = f ∘ ω + (f̃ − ω),   î = i ∘ ω + (ĩ − ω)
+    c_t = f̂_t ∘ c_{t−1} + î_t ∘ ĉ_t,      h_t = o_t ∘ tanh(c_t)
+
+Because f̂ and î do not depend on c or h, the cell recurrence is *linear* and
+is evaluated for all t at once by :func:`linear_scan` (a log-depth
+parallel prefix scan, no Python loop over time).  ``--fasttrees-no-recurrence``
+selects the fully parallel reading ``c_t = î_t ∘ ĉ_t``.  Decoders scan left
+to right and keep ``c_{t−1}`` (and the conv window) as incremental state;
+encoders may scan half of the units right to left
+(``--fasttrees-bidirectional``; each direction then has its own master
+hierarchy of ``D_m / 2`` units).
+
+Padding: pad positions are made identities of the recurrence (f̂ = 1,
+î = 0) and are zeroed before the convolution, so a sentence's outputs do not
+depend on the padding around it.
+
+Syntactic distance (ON-LSTM §4.3 / ``distance_cforget``): ``1 − mean(f̃_t)``
+over the (forward) master units; set :attr:`FastTreesSublayer.record_distance`
+to keep it after a forward pass (see :mod:`user_dir.modules.fasttrees_trees`).
+"""
+from dataclasses import dataclass, field
+from typing import Dict, Optional
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from fairseq.dataclass import ChoiceEnum, FairseqDataclass
+from fairseq.incremental_decoding_utils import with_incremental_state
+from fairseq.modules import LayerNorm
+from fairseq.modules.transformer_layer import TransformerDecoderLayerBase, TransformerEncoderLayerBase
+from torch import Tensor
+
+MASTER_CHOICES = ChoiceEnum(["ffn", "conv"])
+
+
+@dataclass
+class FastTreesConfig(FairseqDataclass):
+    """Flags of the FastTrees sublayer (shared by every FastTrees model)."""
+
+    chunk_size: int = field(default=8, metadata={
+        "help": "neurons per master unit (ON-LSTM chunk size C); must divide the model dimension"})
+    fasttrees_master: MASTER_CHOICES = field(default="ffn", metadata={
+        "help": "master-gate network F: 'ffn' (two-layer position-wise FFN, FastTrees) or "
+                "'conv' (causal 1-D conv + position-wise layer, Conv. FastTrees)"})
+    master_hidden_dim: int = field(default=0, metadata={
+        "help": "hidden size of F_f and F_i (conv channels in the conv variant); 0 = model dim / 2"})
+    conv_kernel_size: int = field(default=3, metadata={"help": "kernel size of the causal conv (conv variant)"})
+    conv_dilation: int = field(default=1, metadata={"help": "dilation of the causal conv (conv variant)"})
+    fasttrees_no_recurrence: bool = field(default=False, metadata={
+        "help": "fully parallel variant: c_t = î_t∘ĉ_t without the c_{t-1} term"})
+    fasttrees_bidirectional: bool = field(default=False, metadata={
+        "help": "encoders only: scan half of the cell units right to left (own master hierarchy)"})
+
+
+@dataclass
+class FastTreesOptions:
+    """Validated FastTrees settings, read from flat fairseq args (Namespace/DictConfig)."""
+
+    chunk_size: int = 8
+    master: str = "ffn"
+    master_hidden_dim: int = 0
+    conv_kernel_size: int = 3
+    conv_dilation: int = 1
+    no_recurrence: bool = False
+    bidirectional: bool = False
+
+    @classmethod
+    def from_args(cls, args):
+        d = FastTreesConfig()
+
+        def get(name):
+            value = getattr(args, name, None)
+            return getattr(d, name) if value is None else value
+
+        return cls(
+            chunk_size=int(get("chunk_size")), master=str(get("fasttrees_master")),
+            master_hidden_dim=int(get("master_hidden_dim")), conv_kernel_size=int(get("conv_kernel_size")),
+            conv_dilation=int(get("conv_dilation")), no_recurrence=bool(get("fasttrees_no_recurrence")),
+            bidirectional=bool(get("fasttrees_bidirectional")),
+        )
+
+    def validate(self, embed_dim, bidirectional):
+        """Raises ``ValueError`` naming the offending flag."""
+        if self.chunk_size < 1 or embed_dim % self.chunk_size != 0:
+            raise ValueError(
+                f"--chunk-size {self.chunk_size} must be a positive divisor of the model dimension {embed_dim} "
+                f"(each master unit controls --chunk-size neurons)")
+        if bidirectional and (embed_dim // self.chunk_size) % 2 != 0:
+            raise ValueError(
+                f"--fasttrees-bidirectional needs an even number of master units, but model dimension {embed_dim} "
+                f"/ --chunk-size {self.chunk_size} = {embed_dim // self.chunk_size}")
+        if self.master not in ("ffn", "conv"):
+            raise ValueError(f"--fasttrees-master must be 'ffn' or 'conv', got {self.master!r}")
+        if self.master == "conv" and self.conv_kernel_size < 1:
+            raise ValueError(f"--conv-kernel-size must be >= 1, got {self.conv_kernel_size}")
+        if self.master == "conv" and self.conv_dilation < 1:
+            raise ValueError(f"--conv-dilation must be >= 1, got {self.conv_dilation}")
+        if self.master_hidden_dim < 0:
+            raise ValueError(f"--master-hidden-dim must be >= 0, got {self.master_hidden_dim}")
+
+
+def cumax(x, dim=-1):
+    """ON-LSTM's cumulative softmax, ``cumsum(softmax(x))``: monotone from ~0 to exactly 1."""
+    return torch.cumsum(F.softmax(x, dim=dim), dim=dim)
+
+
+# --------------------------------------------------------------------------- scans
+def sequential_scan(a, b, c0=None):
+    """Reference loop over time: ``c_t = a_t ∘ c_{t−1} + b_t`` (dim 0 is time)."""
+    c = torch.zeros_like(b[0]) if c0 is None else c0
+    out = []
+    for t in range(a.size(0)):
+        c = a[t] * c + b[t]
+        out.append(c)
+    return torch.stack(out, 0)
+
+
+def _doubling_scan(a, b, dim, need_products=True):
+    """Hillis–Steele scan along ``dim`` over the associative operator ``(a, b) ∘ (a', b') = (a·a', a'·b + b')``.
+
+    ``⌈log2 T⌉`` vectorised steps; returns ``(c, P)`` with ``P_t = Π_{l≤t} a_l``
+    (``P`` is only complete when ``need_products``).
+    """
+    T, k = a.size(dim), 1
+    while k < T:
+        hi_a = a.narrow(dim, k, T - k)
+        b = torch.cat([b.narrow(dim, 0, k), torch.addcmul(b.narrow(dim, k, T - k), hi_a, b.narrow(dim, 0, T - k))],
+                      dim)
+        if need_products or 2 * k < T:
+            a = torch.cat([a.narrow(dim, 0, k), hi_a * a.narrow(dim, 0, T - k)], dim)
+        k *= 2
+    return b, a
+
+
+def linear_scan(a, b, c0=None, block_size=8):
+    """Parallel evaluation of the linear recurrence ``c_t = a_t ∘ c_{t−1} + b_t`` (time is dim 0).
+
+    A blocked parallel prefix scan: every block of ``block_size`` steps is
+    scanned with :func:`_doubling_scan` (all blocks at once), the carries
+    between blocks obey the same recurrence on a ``block_size`` times shorter
+    sequence (solved recursively), and one fused multiply-add applies them.
+    No Python loop over time; only products and sums of the recurrence's own
+    numbers (|a| ≤ 1 here), no division, exp or log, so it is as accurate as
+    the sequential loop.  ``c0`` (the incremental state c_{t−1}) enters as
+    ``b_1 + a_1 c0``.
+    """
+    if c0 is not None:
+        b = torch.cat([torch.addcmul(b[:1], a[:1], c0.unsqueeze(0)), b[1:]], 0)
+    T = a.size(0)
+    if T <= block_size:
+        return _doubling_scan(a, b, 0, need_products=False)[0]
+    nb = -(-T // block_size)
+    extra = nb * block_size - T
+    if extra:  # identity steps at the end
+        a = torch.cat([a, a.new_ones((extra,) + a.shape[1:])], 0)
+        b = torch.cat([b, b.new_zeros((extra,) + b.shape[1:])], 0)
+    shape = (nb, block_size) + a.shape[1:]
+    c_local, products = _doubling_scan(a.reshape(shape), b.reshape(shape), 1)
+    carry = linear_scan(products[:, -1], c_local[:, -1], block_size=block_size)  # c at each block's end
+    carry_in = torch.cat([torch.zeros_like(carry[:1]), carry[:-1]], 0)
+    c = torch.addcmul(c_local, products, carry_in.unsqueeze(1))
+    return c.reshape((nb * block_size,) + a.shape[1:])[:T]
+
+
+# --------------------------------------------------------------------------- sublayer
+@with_incremental_state
+class FastTreesSublayer(nn.Module):
+    """The FastTrees(.) sublayer: ``x (T, B, d) → h (T, B, d)`` (see the module docstring).
+
+    ``causal`` sublayers (decoders) support fairseq's ``incremental_state``;
+    ``bidirectional`` (encoders only) scans the second half of the units
+    right to left.
+    """
+
+    def __init__(self, embed_dim, opts: FastTreesOptions, causal=True, bidirectional=False):
+        super().__init__()
+        if causal and bidirectional:
+            raise ValueError("--fasttrees-bidirectional is for encoders only (a decoder must be causal)")
+        opts.validate(embed_dim, bidirectional)
+        self.embed_dim, self.opts, self.causal = embed_dim, opts, causal
+        self.chunk_size = opts.chunk_size
+        self.n_chunk = embed_dim // opts.chunk_size
+        self.ndir = 2 if bidirectional else 1
+        hidden = opts.master_hidden_dim or max(1, embed_dim // 2)
+        self.master_hidden = hidden
+        if opts.master == "conv":
+            # F_f, F_i: causal conv (both gates' channels in one Conv1d) + one position-wise layer each
+            self.conv_window = (opts.conv_kernel_size - 1) * opts.conv_dilation
+            self.master_in = nn.Conv1d(embed_dim, 2 * hidden, opts.conv_kernel_size, dilation=opts.conv_dilation)
+        else:
+            # F_f, F_i: two-layer position-wise FFNs (first layers fused into one Linear)
+            self.conv_window = 0
+            self.master_in = nn.Linear(embed_dim, 2 * hidden)
+        self.master_forget = nn.Linear(hidden, self.n_chunk)
+        self.master_input = nn.Linear(hidden, self.n_chunk)
+        # standard ON-LSTM gates from x_t only: o, ĉ, i, f
+        self.gates = nn.Linear(embed_dim, 4 * embed_dim)
+        self.scan = "parallel"  # or "loop" (reference / benchmarks)
+        self.record_distance = False
+        self.distance: Optional[Tensor] = None
+
+    # ----- master gates
+    def _master_hidden(self, x, keep, incremental_state):
+        if self.conv_window == 0:
+            return F.relu(self.master_in(x))
+        inp = x if keep is None else x * keep
+        inp = inp.permute(1, 2, 0)  # (B, d, T)
+        state = self._get_state(incremental_state) if incremental_state is not None else None
+        if state is not None and "window" in state:
+            window = state["window"]
+        else:
+            window = inp.new_zeros(inp.size(0), inp.size(1), self.conv_window)
+        full = torch.cat([window, inp], 2)
+        if incremental_state is not None:
+            self._update_state(incremental_state, window=full[:, :, full.size(2) - self.conv_window:])
+        return F.relu(self.master_in(full)).permute(2, 0, 1)
+
+    def master_gates(self, x, keep=None, incremental_state=None):
+        """(f̃, ĩ), each (T, B, D_m): cumax within each direction's master units."""
+        hf, hi = self._master_hidden(x, keep, incremental_state).chunk(2, dim=-1)
+        T, B = x.shape[:2]
+        per_dir = (T, B, self.ndir, self.n_chunk // self.ndir)
+        f_master = cumax(self.master_forget(hf).view(per_dir)).view(T, B, self.n_chunk)
+        i_master = 1.0 - cumax(self.master_input(hi).view(per_dir)).view(T, B, self.n_chunk)
+        return f_master, i_master
+
+    # ----- incremental state
+    def _get_state(self, incremental_state) -> Optional[Dict[str, Optional[Tensor]]]:
+        return self.get_incremental_state(incremental_state, "fasttrees_state")
+
+    def _update_state(self, incremental_state, **tensors):
+        state = self._get_state(incremental_state) or {}
+        state.update(tensors)
+        self.set_incremental_state(incremental_state, "fasttrees_state", state)
+
+    def reorder_incremental_state(self, incremental_state, new_order):
+        state = self._get_state(incremental_state)
+        if state is not None:
+            for k, v in list(state.items()):
+                if v is not None:
+                    state[k] = v.index_select(0, new_order)
+            self.set_incremental_state(incremental_state, "fasttrees_state", state)
+        return incremental_state
+
+    # ----- forward
+    def forward(self, x, padding_mask: Optional[Tensor] = None, incremental_state=None):
+        """x: (T, B, d); padding_mask: (B, T), True at pads; returns h (T, B, d)."""
+        if incremental_state is not None and not self.causal:
+            raise ValueError("incremental decoding needs a causal FastTrees sublayer")
+        T, B, d = x.shape
+        pad = None if padding_mask is None or not padding_mask.any() else padding_mask.t().unsqueeze(-1)
+        keep = None if pad is None else (~pad).to(x.dtype)
+        f_master, i_master = self.master_gates(x, keep, incremental_state)
+        if self.record_distance:
+            fwd = f_master[:, :, : self.n_chunk // self.ndir]
+            self.distance = (1.0 - fwd.mean(-1)).t().detach()  # (B, T)
+        o, c_hat, i, f = self.gates(x).chunk(4, dim=-1)
+        shape = (T, B, self.n_chunk, self.chunk_size)
+        o, i, f = torch.sigmoid(o), torch.sigmoid(i).view(shape), torch.sigmoid(f).view(shape)
+        c_hat = torch.tanh(c_hat).view(shape)
+        fm, im = f_master.unsqueeze(-1), i_master.unsqueeze(-1)
+        overlap = fm * im
+        f_hat = f * overlap + (fm - overlap)
+        i_hat = i * overlap + (im - overlap)
+        b = (i_hat * c_hat).view(T, B, d)
+        f_hat = f_hat.view(T, B, d)
+        if pad is not None:  # pads are identities of the recurrence
+            b = b.masked_fill(pad, 0.0)
+            f_hat = f_hat.masked_fill(pad, 1.0)
+        if self.opts.no_recurrence:
+            c = b
+        else:
+            c = self._recur(f_hat, b, incremental_state)
+        return o * torch.tanh(c)
+
+    def _recur(self, f_hat, b, incremental_state):
+        c0 = None
+        if incremental_state is not None:
+            state = self._get_state(incremental_state)
+            c0 = None if state is None else state.get("cell")
+        if self.ndir == 1:
+            c = self._scan(f_hat, b, c0)
+        else:
+            half = self.embed_dim // 2
+            c = torch.cat([
+                self._scan(f_hat[..., :half], b[..., :half], None),
+                self._scan(f_hat[..., half:].flip(0), b[..., half:].flip(0), None).flip(0),
+            ], -1)
+        if incremental_state is not None:
+            self._update_state(incremental_state, cell=c[-1])
+        return c
+
+    def _scan(self, a, b, c0):
+        if self.scan == "loop" or a.size(0) == 1:
+            return sequential_scan(a, b, c0)
+        return linear_scan(a, b, c0)
+
+
+# --------------------------------------------------------------------------- layers
+class _FastTreesBlockMixin:
+    """self-attention → **FastTrees** → FFN: the FastTrees sublayer with the block's residual and norm."""
+
+    def _build_fasttrees(self, cfg, causal, bidirectional):
+        opts = getattr(cfg, "fasttrees", None)
+        if opts is None:
+            raise ValueError("FastTrees layers need cfg.fasttrees (use fasttrees_transformer_config(args))")
+        self.fasttrees = FastTreesSublayer(self.embed_dim, opts, causal=causal, bidirectional=bidirectional)
+        self.fasttrees_layer_norm = LayerNorm(self.embed_dim, export=cfg.export)
+
+    def _fasttrees_block(self, x, padding_mask, incremental_state=None):
+        residual = x
+        if self.normalize_before:
+            x = self.fasttrees_layer_norm(x)
+        x = self.fasttrees(x, padding_mask, incremental_state)
+        x = self.dropout_module(x)
+        x = self.residual_connection(x, residual)
+        if not self.normalize_before:
+            x = self.fasttrees_layer_norm(x)
+        return x
+
+    def _ffn_block(self, x):
+        residual = x
+        if self.normalize_before:
+            x = self.final_layer_norm(x)
+        x = self.activation_dropout_module(self.activation_fn(self.fc1(x)))
+        x = self.dropout_module(self.fc2(x))
+        x = self.residual_connection(x, residual)
+        if not self.normalize_before:
+            x = self.final_layer_norm(x)
+        return x
+
+
+class FastTreesEncoderLayer(_FastTreesBlockMixin, TransformerEncoderLayerBase):
+    """fairseq's encoder layer with the FastTrees sublayer after self-attention (paper, Sec. 3)."""
+
+    def __init__(self, cfg, return_fc=False):
+        super().__init__(cfg, return_fc=return_fc)
+        if return_fc:
+            raise ValueError("FastTrees encoder layers do not support return_fc")
+        self._build_fasttrees(cfg, causal=False, bidirectional=cfg.fasttrees.bidirectional)
+
+    def forward(self, x, encoder_padding_mask: Optional[Tensor], attn_mask: Optional[Tensor] = None):
+        if attn_mask is not None:
+            attn_mask = attn_mask.masked_fill(attn_mask.to(torch.bool), -1e8 if x.dtype == torch.float32 else -1e4)
+        residual = x
+        if self.normalize_before:
+            x = self.self_attn_layer_norm(x)
+        x, _ = self.self_attn(query=x, key=x, value=x, key_padding_mask=encoder_padding_mask,
+                              need_weights=False, attn_mask=attn_mask)
+        x = self.residual_connection(self.dropout_module(x), residual)
+        if not self.normalize_before:
+            x = self.self_attn_layer_norm(x)
+        x = self._fasttrees_block(x, encoder_padding_mask)
+        return self._ffn_block(x)
+
+
+class FastTreesDecoderLayer(_FastTreesBlockMixin, TransformerDecoderLayerBase):
+    """fairseq's decoder layer: self-attention → FastTrees (causal, incremental) → cross-attention → FFN."""
+
+    def __init__(self, cfg, no_encoder_attn=False, add_bias_kv=False, add_zero_attn=False):
+        super().__init__(cfg, no_encoder_attn, add_bias_kv, add_zero_attn)
+        unsupported = [flag for flag, on in [
+            ("--cross-self-attention", self.cross_self_attention), ("--scale-attn", self.attn_ln is not None),
+            ("--scale-heads", self.c_attn is not None), ("--scale-fc", self.ffn_layernorm is not None),
+            ("--scale-resids", self.w_resid is not None)] if on]
+        if unsupported:
+            raise ValueError(f"FastTrees decoder layers do not support {', '.join(unsupported)}")
+        self._build_fasttrees(cfg, causal=True, bidirectional=False)
+
+    def forward(self, x, encoder_out: Optional[Tensor] = None, encoder_padding_mask: Optional[Tensor] = None,
+                incremental_state: Optional[Dict[str, Dict[str, Optional[Tensor]]]] = None,
+                prev_self_attn_state=None, prev_attn_state=None, self_attn_mask: Optional[Tensor] = None,
+                self_attn_padding_mask: Optional[Tensor] = None, need_attn: bool = False,
+                need_head_weights: bool = False):
+        if prev_self_attn_state is not None or prev_attn_state is not None:
+            raise ValueError("FastTrees decoder layers do not take prev_*_attn_state")
+        if need_head_weights:
+            need_attn = True
+        residual = x
+        if self.normalize_before:
+            x = self.self_attn_layer_norm(x)
+        x, attn = self.self_attn(query=x, key=x, value=x, key_padding_mask=self_attn_padding_mask,
+                                 incremental_state=incremental_state, need_weights=False, attn_mask=self_attn_mask)
+        x = self.residual_connection(self.dropout_module(x), residual)
+        if not self.normalize_before:
+            x = self.self_attn_layer_norm(x)
+        x = self._fasttrees_block(x, self_attn_padding_mask, incremental_state)
+        if self.encoder_attn is not None and encoder_out is not None:
+            residual = x
+            if self.normalize_before:
+                x = self.encoder_attn_layer_norm(x)
+            x, attn = self.encoder_attn(query=x, key=encoder_out, value=encoder_out,
+                                        key_padding_mask=encoder_padding_mask, incremental_state=incremental_state,
+                                        static_kv=True, need_weights=need_attn or (not self.training and self.need_attn),
+                                        need_head_weights=need_head_weights)
+            x = self.residual_connection(self.dropout_module(x), residual)
+            if not self.normalize_before:
+                x = self.encoder_attn_layer_norm(x)
+        return self._ffn_block(x), attn, None
+
+
+def fasttrees_modules(model):
+    """All FastTrees sublayers of ``model``; a clear error if there are none."""
+    found = [m for m in model.modules() if isinstance(m, FastTreesSublayer)]
+    if not found:
+        raise ValueError(
+            f"model {type(model).__name__} has no FastTrees layers, so it induces no trees; "
+            "use a fasttrees_transformer* architecture")
+    return found
