@@ -13,7 +13,7 @@ cd "$(dirname "$0")/../.."
 
 PYTHON=${PYTHON:-.venv/bin/python}
 BIN=$(dirname "$PYTHON")
-ARCH=${ARCH:-transformer}
+ARCH=${ARCH:-capsule_transformer}
 SRC=${SRC:-en}
 TGT=${TGT:-de}
 BPE=${BPE:-subword-nmt}
