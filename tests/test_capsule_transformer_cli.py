@@ -49,21 +49,18 @@ def test_checkpoint_with_other_routing_settings_is_refused(toy_translation_bin, 
     assert "different capsule routing settings" in proc.stderr
 
 
-def test_routing_iters_zero_is_a_clear_cli_error(toy_translation_bin, tmp_path):
-    proc = fairseq("train", toy_translation_bin, "--arch", "capsule_transformer", *TINY_TRANSLATION_ARGS,
-                   "--routing-iters", "0", "--max-update", "1", "--max-tokens", "1000", "--cpu", "--save-dir", tmp_path, check=False)
-    assert proc.returncode != 0
-    assert "--routing-iters must be a positive integer (got 0)" in proc.stderr
-
-
 def test_hydra_train_yaml(toy_translation_bin, tmp_path):
     fairseq("hydra-train", "--config-dir", os.path.join(ROOT, "examples", "capsule_transformer"),
             "--config-name", "multi30k", f"task.data={toy_translation_bin}", f"common.user_dir={USER_DIR}",
             "model.encoder_layers=1", "model.decoder_layers=1", "model.encoder_embed_dim=16",
             "model.decoder_embed_dim=16", "model.encoder_ffn_embed_dim=16", "model.decoder_ffn_embed_dim=16",
-            "optimization.max_update=2", "dataset.max_tokens=500", f"checkpoint.save_dir={tmp_path}", f"hydra.run.dir={tmp_path}/hydra",
+            "optimization.max_update=2", "dataset.max_tokens=500", f"checkpoint.save_dir={tmp_path}",
+            f"hydra.run.dir={tmp_path}/hydra",
             user_dir=False)
-    ckpt = os.path.join(tmp_path, "checkpoint_last.pt")
-    out = fairseq("generate", toy_translation_bin, "--path", ckpt, "--beam", "2", "--cpu", "--max-len-b", "5",
-                  "--batch-size", "64").stdout
-    assert sum(line.startswith("H-") for line in out.splitlines()) == 40
+    from fairseq import checkpoint_utils
+
+    from user_dir.modules.capsule_routing import CapsuleMultiheadAttention
+
+    models, cfg = checkpoint_utils.load_model_ensemble([os.path.join(tmp_path, "checkpoint_last.pt")])
+    routed = [m for m in models[0].modules() if isinstance(m, CapsuleMultiheadAttention)]
+    assert len(routed) == 2 and cfg.model.routing_iters == 3  # enc + dec self-attention, from the YAML
