@@ -239,3 +239,27 @@ def test_task_iterator_is_ordered_sharded_and_resets_each_epoch(toy_lm_bin):
     assert model.decoder._stream_mems == {}
     with pytest.raises(ValueError, match="--context-window is not used"):
         task.eval_lm_dataloader(ds, context_window=5)
+
+
+@pytest.mark.parametrize("name", ["wt103_base", "wt103_large", "enwik8_base", "enwik8_large", "ptb_small"])
+def test_hydra_yaml_matches_the_configs(name):
+    """Every YAML's model section is a valid TransformerXLConfig and names the registered model/task."""
+    import os
+
+    from omegaconf import OmegaConf
+
+    from tests.helpers.cli import ROOT
+    from user_dir.models.transformer_xl_lm import TransformerXLConfig
+
+    cfg = OmegaConf.load(os.path.join(ROOT, "examples", "transformer_xl", f"{name}.yaml"))
+    assert cfg.model._name == "transformer_xl_lm" and cfg.task._name == "bptt_lm"
+    model = OmegaConf.merge(OmegaConf.structured(TransformerXLConfig),
+                            {k: v for k, v in cfg.model.items() if k != "_name"})
+    from argparse import Namespace
+
+    from fairseq.models import ARCH_CONFIG_REGISTRY
+
+    preset = Namespace()
+    ARCH_CONFIG_REGISTRY["transformer_xl_lm_" + name](preset)  # what the CLI preset sets
+    for key, value in vars(preset).items():
+        assert model[key] == value, key  # YAML == arch preset
