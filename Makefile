@@ -32,7 +32,7 @@ demo: install
 	PYTHON=$(PY) DATA=$(DATA) examples/demo/run_demo.sh
 
 test: install-test
-	$(PY) -m pytest tests -q -ra
+	OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 $(PY) -m pytest tests -q -ra --durations=25
 
 clean:
 	rm -rf demo-work .pytest_cache

@@ -19,6 +19,9 @@ TGT=${TGT:-de}
 BPE=${BPE:-subword-nmt}
 WORK=${WORK:-demo-work}
 MAX_UPDATE=${MAX_UPDATE:-}
+# Small models train fastest on one thread per process, and OpenMP's spinning threads slow to a
+# crawl when another job shares the cores; set OMP_NUM_THREADS to use more.
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 
 fail() { echo "demo: error: $*" >&2; exit 2; }
 
