@@ -21,9 +21,9 @@ def in_process(path, *args):
 
 def test_translation_train_and_beam_generate(toy_translation_bin, tmp_path):
     ckpt = train_translation(toy_translation_bin, tmp_path / "ck", "fasttrees_transformer",
-                             *TINY_TRANSLATION_ARGS, *FT_TINY, "--fasttrees-master", "conv", max_update=4)
-    out = fairseq("generate", toy_translation_bin, "--path", ckpt, "--beam", "3", "--batch-size", "16",
-                  "--max-len-b", "20", "--cpu", "--remove-bpe").stdout
+                             *TINY_TRANSLATION_ARGS, *FT_TINY, "--fasttrees-master", "conv", max_update=3)
+    out = fairseq("generate", toy_translation_bin, "--path", ckpt, "--beam", "2", "--batch-size", "40",
+                  "--max-len-b", "8", "--cpu", "--remove-bpe").stdout
     hyps = [line for line in out.splitlines() if line.startswith("H-")]
     assert len(hyps) == 40, out[-2000:]
     assert "BLEU" in out

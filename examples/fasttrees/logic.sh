@@ -8,6 +8,8 @@ source "$(dirname "$0")/common.sh"
 MAX_TRAIN=${MAX_TRAIN:-0}
 MAX_UPDATE=${MAX_UPDATE:-30000}
 BATCH=${BATCH:-128}
+LR=${LR:-4e-4}
+WARMUP=${WARMUP:-1000}
 WORK=${WORK:-benchmarks/work/logic_n${MAX_TRAIN}}
 if [ ! -f "$WORK/bin/label/dict.txt" ]; then
   "$PY" preprocess/propositionallogic_prepare.py --data "$SHARED/propositionallogic" --dest "$WORK/bin" \
@@ -23,7 +25,7 @@ for ARCH in ${ARCHS:-roberta fasttrees_roberta_conv_logic}; do
   [ "$ARCH" = roberta ] || EXTRA_ARCH="--chunk-size 8 --fasttrees-bidirectional"
   /usr/bin/time -f "$ARCH train wall %e s" "$BIN/fairseq-train" "$WORK/bin" --user-dir user_dir $TASK \
     --criterion sentence_prediction --arch "$ARCH" $SIZES $EXTRA_ARCH --optimizer adam --adam-betas '(0.9,0.98)' \
-    --lr 4e-4 --lr-scheduler inverse_sqrt --warmup-updates 100 --batch-size "$BATCH" --max-update "$MAX_UPDATE" \
+    --lr "$LR" --lr-scheduler inverse_sqrt --warmup-updates "$WARMUP" --batch-size "$BATCH" --max-update "$MAX_UPDATE" \
     --save-dir "$CK" --no-epoch-checkpoints --cpu --num-workers 0 --seed 1 --log-format simple --log-interval 50 \
     --disable-validation
   "$BIN/fairseq-validate" "$WORK/bin" --user-dir user_dir $TASK --criterion sentence_prediction \

@@ -29,6 +29,7 @@ from fairseq.models.transformer import TransformerConfig, TransformerModel
 from fairseq.models.transformer.transformer_decoder import TransformerDecoderBase
 from fairseq.models.transformer.transformer_encoder import TransformerEncoderBase
 from fairseq.models.transformer.transformer_legacy import base_architecture as transformer_base_architecture
+from fairseq.modules.checkpoint_activations import checkpoint_wrapper
 from fairseq.modules.transformer_sentence_encoder import init_bert_params
 from fairseq.utils import safe_getattr, safe_hasattr
 from omegaconf import OmegaConf
@@ -73,6 +74,13 @@ def check_fasttrees_args(args, embed_dims, bidirectional=False):
         opts.validate(d, bidirectional)
 
 
+def _maybe_checkpoint(layer, cfg):
+    """``--checkpoint-activations`` as fairseq's own encoder/decoder layers."""
+    if cfg.checkpoint_activations:
+        layer = checkpoint_wrapper(layer, offload_to_cpu=cfg.offload_activations)
+    return layer
+
+
 class FastTreesTransformerEncoder(TransformerEncoderBase):
     """fairseq's Transformer encoder with :class:`FastTreesEncoderLayer` blocks."""
 
@@ -81,7 +89,8 @@ class FastTreesTransformerEncoder(TransformerEncoderBase):
         super().__init__(fasttrees_transformer_config(args), dictionary, embed_tokens, return_fc=return_fc)
 
     def build_encoder_layer(self, cfg):
-        return FastTreesEncoderLayer(fasttrees_transformer_config(cfg), return_fc=self.return_fc)
+        cfg = fasttrees_transformer_config(cfg)
+        return _maybe_checkpoint(FastTreesEncoderLayer(cfg, return_fc=self.return_fc), cfg)
 
 
 class FastTreesTransformerDecoder(TransformerDecoderBase):
@@ -93,7 +102,8 @@ class FastTreesTransformerDecoder(TransformerDecoderBase):
                          no_encoder_attn=no_encoder_attn, output_projection=output_projection)
 
     def build_decoder_layer(self, cfg, no_encoder_attn=False):
-        return FastTreesDecoderLayer(fasttrees_transformer_config(cfg), no_encoder_attn)
+        cfg = fasttrees_transformer_config(cfg)
+        return _maybe_checkpoint(FastTreesDecoderLayer(cfg, no_encoder_attn), cfg)
 
 
 @register_model("fasttrees_transformer")

@@ -155,8 +155,11 @@ def layer_distances(model, tokens):
 
 def draw_tree(tree, path, title=None):
     """Draws a nested-list binary tree to a PNG with matplotlib."""
+    import logging
+
     import matplotlib
 
+    logging.getLogger("matplotlib").setLevel(logging.WARNING)  # fairseq's root logger may be at DEBUG
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
