@@ -6,7 +6,7 @@ import torch
 from fairseq import checkpoint_utils
 
 from user_dir.checkpoint_safety import UnsafeCheckpointError
-from tests.helpers.cli import TINY_TRANSLATION_ARGS, fairseq, train_translation
+from tests.helpers.cli import TINY_TRANSLATION_ARGS, fairseq, num_lines, train_translation
 
 
 class _RunsShellOnLoad:
@@ -37,7 +37,7 @@ def test_generate_loads_a_trained_checkpoint(trained):
     data, ckpt = trained
     out = fairseq("generate", data, "--path", ckpt, "--beam", 2, "--max-len-b", 5, "--cpu").stdout
     # 43 test sentences: not a multiple of 8, so fairseq issue #5036 would drop 3 of them
-    assert len([l for l in out.splitlines() if l.startswith("H-")]) == 43
+    assert len([l for l in out.splitlines() if l.startswith("H-")]) == num_lines(os.path.join(data, "test.raw.de")) == 43
 
 
 def test_without_plugin_generate_fails_on_the_same_checkpoint(trained):

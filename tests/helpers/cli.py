@@ -82,3 +82,9 @@ def train_translation(data, save_dir, arch, *extra, max_update=5):
         "--no-epoch-checkpoints", *extra,
     )
     return os.path.join(save_dir, "checkpoint_last.pt")
+
+
+def num_lines(path):
+    """Number of lines of a text file (e.g. the references a generation run must cover)."""
+    with open(path, encoding="utf-8") as f:
+        return sum(1 for _ in f)
