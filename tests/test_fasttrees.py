@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from tests.helpers import invariance
-from tests.helpers.ddp import assert_ddp_matches_single_process
+from tests.helpers.ddp import assert_ddp_matches_single_process, translation_batches_and_loss
 from tests.helpers.models import build, prev_output, random_sentences
 from user_dir.modules.fasttrees_layer import (
     FastTreesOptions,
@@ -157,20 +157,7 @@ def test_classification_head_interface_and_padding():
 
 def ddp_setup():
     model, d = build("fasttrees_transformer", TINY_MT + VARIANTS["conv"] + ["--fasttrees-bidirectional"])
-    model.train()
-    batches = []
-    for seed in (1, 2):
-        src = torch.stack(random_sentences(d, [5, 5], seed=seed))
-        tgt = torch.stack(random_sentences(d, [4, 4], seed=seed + 10))
-        prev = torch.stack([prev_output(t, d.eos()) for t in tgt])
-        batches.append((src, torch.tensor([6, 6]), prev, tgt))
-
-    def loss_fn(m, batch):
-        src, lengths, prev, target = batch
-        logits = m(src, lengths, prev)[0]
-        return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.size(-1)), target.reshape(-1))
-
-    return model, batches, loss_fn
+    return translation_batches_and_loss(model, d)
 
 
 def test_ddp_readiness():

@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from tests.helpers import invariance
-from tests.helpers.ddp import assert_ddp_matches_single_process
+from tests.helpers.ddp import assert_ddp_matches_single_process, translation_batches_and_loss
 from tests.helpers.models import build, prev_output, random_sentences
 
 TINY = ["--encoder-layers", 1, "--decoder-layers", 1, "--encoder-embed-dim", 16, "--decoder-embed-dim", 16,
@@ -53,20 +53,7 @@ def test_padding_check_catches_unmasked_pads():
 
 def ddp_setup():
     model, d = _transformer()
-    model.train()
-    batches = []
-    for seed in (1, 2):
-        src = random_sentences(d, [5, 5], seed=seed)
-        tgt = random_sentences(d, [4, 4], seed=seed + 10)
-        batches.append((torch.stack(src), torch.tensor([6, 6]), torch.stack([prev_output(t, d.eos()) for t in tgt]),
-                        torch.stack(tgt)))
-
-    def loss_fn(m, batch):
-        src, lengths, prev, target = batch
-        logits = m(src, lengths, prev)[0]
-        return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.size(-1)), target.reshape(-1))
-
-    return model, batches, loss_fn
+    return translation_batches_and_loss(model, d)
 
 
 def test_ddp_helper_on_fairseq_transformer():

@@ -2,7 +2,6 @@
 import os
 import random
 import re
-import sys
 
 import pytest
 import torch

@@ -87,3 +87,26 @@ def assert_ddp_matches_single_process(setup_path, steps=2, lr=0.1, atol=1e-5):
         )
         changed += 1
     assert changed > 0, "no floating-point parameters compared"
+
+
+def translation_batches_and_loss(model, dictionary):
+    """``(model, batches, loss_fn)`` for an encoder-decoder: one random batch per rank, token cross-entropy.
+
+    A ready-made return value for a test module's ``ddp_setup``.
+    """
+    from tests.helpers.models import prev_output, random_sentences
+
+    model.train()
+    batches = []
+    for seed in range(1, WORLD_SIZE + 1):
+        src = torch.stack(random_sentences(dictionary, [5, 5], seed=seed))
+        tgt = torch.stack(random_sentences(dictionary, [4, 4], seed=seed + 10))
+        prev = torch.stack([prev_output(t, dictionary.eos()) for t in tgt])
+        batches.append((src, torch.tensor([src.size(1)] * src.size(0)), prev, tgt))
+
+    def loss_fn(m, batch):
+        src, lengths, prev, target = batch
+        logits = m(src, lengths, prev)[0]
+        return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.size(-1)), target.reshape(-1))
+
+    return model, batches, loss_fn

@@ -6,7 +6,6 @@ Logs token accuracy always, and at validation entity-level span precision/recall
 import math
 from dataclasses import dataclass
 
-import torch
 from fairseq import metrics
 from fairseq.criterions import FairseqCriterion, register_criterion
 from fairseq.dataclass import FairseqDataclass

@@ -15,7 +15,6 @@ Pre-trained word vectors (GloVe or word2vec text format) fill the embedding tabl
 The encoder itself lives in :mod:`user_dir.modules.star_transformer_layer`.
 """
 import logging
-import math
 import os
 from dataclasses import dataclass, field
 from typing import Optional

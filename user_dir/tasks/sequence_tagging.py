@@ -19,7 +19,6 @@ import logging
 import os
 import re
 from dataclasses import dataclass, field
-from typing import Optional
 
 import numpy as np
 import torch
