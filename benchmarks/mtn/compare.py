@@ -8,7 +8,7 @@ Same optimiser, schedule, batch size, seed and number of updates; then
 ``fairseq-generate --beam k --nbest k`` on the test split and
 ``preprocess/query_suggestion_score.py`` (BLEU, EM@1, EM@k, MRR).
 
-Example (the recorded runs are in RESULTS.md)::
+Example (the recorded runs are in BENCHMARKS.md)::
 
     python benchmarks/mtn/compare.py --data data-bin/synthetic --updates 3000 --out benchmarks/work/syn
 """

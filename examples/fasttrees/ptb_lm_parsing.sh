@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # fasttrees_transformer_lm on word-level PTB, then unsupervised parsing on the NLTK PTB sample.
 #   examples/fasttrees/ptb_lm_parsing.sh            # full budget (MAX_UPDATE=3000)
-#   MAX_UPDATE=300 examples/fasttrees/ptb_lm_parsing.sh   # reduced budget (what RESULTS.md records)
+#   MAX_UPDATE=300 examples/fasttrees/ptb_lm_parsing.sh   # reduced budget (what BENCHMARKS.md records)
 source "$(dirname "$0")/common.sh"
 WORK=${WORK:-benchmarks/work/ptb}
 MAX_UPDATE=${MAX_UPDATE:-3000}
