@@ -6,11 +6,11 @@
 #   benchmarks/transformer_xl/ptb_recipe.sh                  # full budget: MAX_UPDATE=1200 (~20 min CPU)
 #   MAX_UPDATE=150 benchmarks/transformer_xl/ptb_recipe.sh   # reduced budget
 #
-# Variables: PYTHON, PTB (raw data dir), WORK (outputs), MAX_UPDATE, LR, EVAL_MEM (extra evaluation memory).
+# Variables: PYTHON, PTB (raw data dir), WORK (outputs), MAX_UPDATE, LR, EVAL_MEM (extra evaluation memory), PARALLEL.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
-PYTHON=${PYTHON:-/work/main/.venv/bin/python}
+PYTHON=${PYTHON:-.venv/bin/python}
 BIN=$(dirname "$PYTHON")
 PTB=${PTB:-../shared/data/ptb}
 WORK=${WORK:-benchmarks/work/ptb}
@@ -43,11 +43,14 @@ evaluate() {  # name, split, task args...
   printf '%-34s %-5s %s\n' "$name${EVAL_TAG:-}" "$split" "$(grep -o 'Perplexity: [0-9.]*' "$WORK/$name.$split.log")"
 }
 
-train txl_mem70 "${TXL[@]}" --mem-len 70
-train txl_mem0 "${TXL[@]}" --mem-len 0
-train transformer_lm --task language_modeling --sample-break-mode none --arch transformer_lm \
+# PARALLEL=1 trains the three models at once (one thread each), for machines with cores to spare
+run() { if [ "${PARALLEL:-0}" = 1 ]; then "$@" & else "$@"; fi; }
+run train txl_mem70 "${TXL[@]}" --mem-len 70
+run train txl_mem0 "${TXL[@]}" --mem-len 0
+run train transformer_lm --task language_modeling --sample-break-mode none --arch transformer_lm \
   --decoder-layers 4 --decoder-embed-dim 256 --decoder-ffn-embed-dim 1024 --decoder-attention-heads 4 \
   --share-decoder-input-output-embed --dropout 0.3
+wait
 
 echo "model                              split perplexity (after $MAX_UPDATE updates)"
 for split in valid test; do
