@@ -9,6 +9,8 @@
 
 Both models share seed, sizes and batches; measurements are interleaved
 (vanilla, capsule, vanilla, ...) so that load from other jobs hits both alike.
+Times are the process's CPU time (``time.process_time``; one thread), so that
+time spent descheduled by other jobs on a shared machine is not counted.
 
     OMP_NUM_THREADS=1 python benchmarks/capsule_transformer/speed.py            # demo sizes
     OMP_NUM_THREADS=1 python benchmarks/capsule_transformer/speed.py --preset base
@@ -56,13 +58,13 @@ def batch(dictionary, n, length, seed):
 
 def train_step_time(model, opt, b):
     model.train()
-    t0 = time.perf_counter()
+    t0 = time.process_time()
     opt.zero_grad()
     out = model(b["src_tokens"], b["src_lengths"], b["prev_output_tokens"])[0]
     loss = torch.nn.functional.cross_entropy(out.view(-1, out.size(-1)), b["target"].view(-1))
     loss.backward()
     opt.step()
-    return time.perf_counter() - t0
+    return time.process_time() - t0
 
 
 def generate_rate(model, dictionary, b, beam):
@@ -70,10 +72,10 @@ def generate_rate(model, dictionary, b, beam):
     # a fixed output length (min_len = max_len) so both models decode the same number of steps
     steps = b["src_tokens"].size(1) + 5
     gen = SequenceGenerator([model], dictionary, beam_size=beam, max_len_a=0, max_len_b=steps, min_len=steps)
-    t0 = time.perf_counter()
+    t0 = time.process_time()
     with torch.no_grad():
         gen.forward({"net_input": {"src_tokens": b["src_tokens"], "src_lengths": b["src_lengths"]}})
-    return b["src_tokens"].size(0) / (time.perf_counter() - t0)
+    return b["src_tokens"].size(0) / (time.process_time() - t0)
 
 
 def main():

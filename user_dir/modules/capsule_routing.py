@@ -54,6 +54,7 @@ Reconstruction decisions (the paper's equations are not available)
 
 Shapes: ``B`` batch, ``H`` heads, ``Q`` query rows, ``K`` keys.
 """
+import functools
 import math
 from typing import Dict, Optional, Tuple
 
@@ -78,8 +79,21 @@ def squash_gain(sq_norm: Tensor) -> Tensor:
     ``q`` is clamped at 0 because the Gram quadratic form ``cᵀGc`` of a
     (nearly) cancelling sum can round to a tiny negative number.
     """
-    sq_norm = sq_norm.clamp(min=0.0)
-    return sq_norm / ((1.0 + sq_norm) * torch.sqrt(sq_norm + _EPS))
+    sq_norm = sq_norm.clamp_min(0.0)
+    one, eps = _scalar(1.0, sq_norm), _scalar(_EPS, sq_norm)
+    return sq_norm / ((sq_norm + one) * torch.sqrt(sq_norm + eps))
+
+
+@functools.lru_cache(maxsize=None)
+def _constant(value: float, dtype: torch.dtype, device: torch.device) -> Tensor:
+    return torch.tensor(value, dtype=dtype, device=device)
+
+
+def _scalar(value: float, like: Tensor) -> Tensor:
+    """A cached 0-dim tensor: adding it costs one kernel, adding a Python float costs a
+    conversion too (this matters in beam search, where routing runs on tiny tensors at
+    every step).  Never modified in place."""
+    return _constant(value, like.dtype, like.device)
 
 
 def dynamic_routing(gram: Tensor, init_logits: Tensor, iters: int, size: Tensor,
@@ -102,18 +116,23 @@ def dynamic_routing(gram: Tensor, init_logits: Tensor, iters: int, size: Tensor,
 
     Returns ``(weights, couplings)``: ``Ω_n = Σ_m weights_{mn} C_m``.
     """
-    logits = init_logits
+    logits, inv_size = init_logits, size.reciprocal()
+    if inv_size.dim():
+        inv_size = inv_size.unsqueeze(-2)  # (..., 1, N)
+    mm = torch.bmm if gram.dim() == 3 else torch.matmul  # bmm: fewer dispatches per decoding step
     for it in range(iters):
         if visible is not None:
             logits = logits.masked_fill(~visible, -1e4)
         couplings = torch.softmax(logits, dim=out_dim)
         if visible is not None:
             couplings = couplings * visible
-        agree = torch.matmul(gram, couplings)  # <C_m, s_n>
-        gain = squash_gain((couplings * agree).sum(-2) / size)  # (..., N)
+        if couplings.dim() < gram.dim():  # the shared initial logits, first iteration
+            couplings = couplings.expand(gram.shape[:-2] + couplings.shape[-2:])
+        agree = mm(gram, couplings)  # <C_m, s_n>
+        gain = squash_gain((couplings * agree).sum(-2, keepdim=True) * inv_size)  # (..., 1, N)
         if it + 1 < iters:
-            logits = logits + agree * (gain / size).unsqueeze(-2)
-    return couplings * gain.unsqueeze(-2), couplings
+            logits = torch.addcmul(logits, agree, gain * inv_size)
+    return couplings * gain, couplings
 
 
 class CapsuleRouting(nn.Module):
@@ -179,23 +198,31 @@ class CapsuleRouting(nn.Module):
         return omega, new_state, info
 
     def _size(self, n: Tensor) -> Tensor:
-        return n.clamp(min=1.0) if self.squash == "rms" else torch.ones_like(n)
+        return n.clamp_min(1.0) if self.squash == "rms" else torch.ones_like(n)
 
     def _vertical(self, logits, counts, state, new_state):
         """One capsule per head (M = N = H); per-query prefix routing when causal."""
-        row_gram = torch.matmul(logits, logits.transpose(-1, -2))  # (B, Q, H, H)
+        bsz, q_len, heads, k_len = logits.shape
+        rows = logits.view(bsz * q_len, heads, k_len)
+        row_gram = torch.bmm(rows, rows.transpose(1, 2)).view(bsz, q_len, heads, heads)
         n = counts.to(logits.dtype)
         if self.causal:
-            gram, n = row_gram.cumsum(1), n.cumsum(1)
+            if q_len > 1:  # prefix sums over queries (a single decoding step has none)
+                row_gram, n = row_gram.cumsum(1), n.cumsum(1)
+            gram = row_gram
             if "vertical_gram" in state:
                 gram = gram + state["vertical_gram"].unsqueeze(1)
                 n = n + state["vertical_count"]
             new_state["vertical_gram"], new_state["vertical_count"] = gram[:, -1], n[:, -1:]
         else:
             gram, n = row_gram.sum(1, keepdim=True), n.sum(1, keepdim=True)
-        size = self._size(n).unsqueeze(-1)  # (B, Q|1, 1)
-        weights, couplings = dynamic_routing(gram, self.vertical_logits, self.iters, size, out_dim=-1)
-        # Ω↕_n = Σ_m w_mn C_m, row by row: (B, Q|1, N, M) @ (B, Q, M, K)
+        groups = gram.size(1)  # Q (causal: one routing per query prefix) or 1
+        weights, couplings = dynamic_routing(gram.view(bsz * groups, heads, heads), self.vertical_logits,
+                                             self.iters, self._size(n).view(bsz * groups, 1), out_dim=-1)
+        weights, couplings = (x.view(bsz, groups, heads, heads) for x in (weights, couplings))
+        if groups == q_len:  # Ω↕_n = Σ_m w_mn C_m, row by row
+            omega = torch.bmm(weights.view(-1, heads, heads).transpose(1, 2), rows)
+            return omega.view(bsz, q_len, heads, k_len), couplings
         return torch.matmul(weights.transpose(-1, -2), logits), couplings
 
     def _horizontal(self, logits, counts, state, new_state):
@@ -209,11 +236,11 @@ class CapsuleRouting(nn.Module):
             prev = F.pad(prev, (0, k_len - prev.size(3))).reshape(bsz, past, heads * k_len)
             rows = torch.cat([prev, flat], dim=1)
             row_counts = torch.cat([state["horizontal_counts"], row_counts], dim=1)
-            cross = torch.matmul(rows, flat.transpose(1, 2))  # (B, P+Q, Q)
+            cross = torch.bmm(rows, flat.transpose(1, 2))  # (B, P+Q, Q)
             top = torch.cat([state["horizontal_gram"], cross[:, :past].transpose(1, 2)], dim=1)
             gram = torch.cat([top, cross], dim=2)
         else:
-            gram = torch.matmul(rows, rows.transpose(1, 2))
+            gram = torch.bmm(rows, rows.transpose(1, 2))
         if self.causal:
             new_state.update(horizontal_rows=rows.view(bsz, -1, heads, k_len),
                              horizontal_counts=row_counts, horizontal_gram=gram)
@@ -222,13 +249,16 @@ class CapsuleRouting(nn.Module):
         n_pos = torch.arange(past, total, device=logits.device)
         rel = (n_pos.unsqueeze(0) - m_pos.unsqueeze(1)).clamp(-self.max_distance, self.max_distance)
         init = self.horizontal_logits[rel + self.max_distance]  # (M, Q)
-        visible = (row_counts > 0).unsqueeze(-1).expand(bsz, total, q_len)
-        if self.causal:
-            visible = visible & (m_pos.unsqueeze(1) <= n_pos.unsqueeze(0))
+        visible = None  # every input may vote for every output: no mask to apply in routing
+        if not bool((row_counts > 0).all()):  # pad rows are no capsules
+            visible = (row_counts > 0).unsqueeze(-1).expand(bsz, total, q_len)
+        if self.causal and q_len > 1:  # one new query (a decoding step) sees every earlier row
+            causal = m_pos.unsqueeze(1) <= n_pos.unsqueeze(0)
+            visible = causal if visible is None else visible & causal
         size = self._size(counts.to(logits.dtype) * heads)  # (B, Q): entries of output capsule n
         weights, couplings = dynamic_routing(gram, init.expand(bsz, -1, -1), self.iters, size,
                                              out_dim=-2, visible=visible)
-        omega = torch.matmul(weights.transpose(1, 2), rows)  # (B, Q, H·K)
+        omega = torch.bmm(weights.transpose(1, 2), rows)  # (B, Q, H·K)
         return omega.view(bsz, q_len, heads, k_len), couplings
 
 
@@ -303,29 +333,26 @@ class CapsuleMultiheadAttention(MultiheadAttention):
             key_padding_mask = None
 
         scores = torch.bmm(q, k.transpose(1, 2)).view(bsz, heads, tgt_len, src_len)
-        # key_visible: what fairseq's masks let a query see; routed: logits that enter routing
-        key_visible = torch.ones(bsz, tgt_len, src_len, dtype=torch.bool, device=scores.device)
-        if attn_mask is not None:
-            key_visible = key_visible & torch.isfinite(attn_mask).unsqueeze(0)
-            scores = scores + torch.nan_to_num(attn_mask, neginf=0.0).to(scores.dtype)
-        routed = key_visible
-        if key_padding_mask is not None:
-            key_pad = key_padding_mask.to(torch.bool)
-            key_visible = key_visible & ~key_pad.unsqueeze(1)
-            routed = key_visible
-            if self.self_attention:  # query rows are the last tgt_len keys: pad rows are no capsules
-                routed = key_visible & ~key_pad[:, -tgt_len:].unsqueeze(2)
-        neutral = scores.transpose(1, 2).masked_fill(~routed.unsqueeze(2), 0.0).contiguous()
         cap_state = None
         if incremental_state is not None and self.capsule.causal:
             cap_state = self.get_incremental_state(incremental_state, "capsule_state")
-        omega, new_state, info = self.capsule(neutral, routed.sum(-1), cap_state, capture=self.capture)
+        if attn_mask is None and key_padding_mask is None:
+            # nothing masked (beam-search steps, unpadded batches): no masks to build or apply
+            counts = scores.new_full((bsz, tgt_len), src_len)
+            omega, new_state, info = self.capsule(scores.transpose(1, 2).contiguous(), counts, cap_state,
+                                                  capture=self.capture)
+            logits = scores + omega.transpose(1, 2)
+            key_visible = None
+        else:
+            logits, key_visible, new_state, info = self._route_masked(scores, attn_mask, key_padding_mask,
+                                                                     cap_state)
         if incremental_state is not None and self.capsule.causal:
             self.set_incremental_state(incremental_state, "capsule_state", new_state)
-        logits = (scores + omega.transpose(1, 2)).masked_fill(~key_visible.unsqueeze(1), float("-inf"))
         if self.capture:
+            visible = key_visible if key_visible is not None else torch.ones(
+                bsz, tgt_len, src_len, dtype=torch.bool, device=scores.device)
             self.last_capture = dict(info, logits_before=scores.detach(), logits_after=logits.detach(),
-                                     visible=key_visible)
+                                     visible=visible)
         logits = logits.view(bsz * heads, tgt_len, src_len)
         if before_softmax:
             return logits, v
@@ -339,6 +366,27 @@ class CapsuleMultiheadAttention(MultiheadAttention):
             if not need_head_weights:
                 weights = weights.mean(dim=0)
         return attn, weights
+
+    def _route_masked(self, scores, attn_mask, key_padding_mask, cap_state):
+        """Routing with fairseq's masks: masked logits are neutralised (0) before routing and
+        re-masked (-inf) after ``Ω`` is added.  Returns ``(logits, key_visible, state, info)``."""
+        bsz, heads, tgt_len, src_len = scores.shape
+        # key_visible: what fairseq's masks let a query see; routed: logits that enter routing
+        key_visible = torch.ones(bsz, tgt_len, src_len, dtype=torch.bool, device=scores.device)
+        if attn_mask is not None:
+            key_visible = key_visible & torch.isfinite(attn_mask).unsqueeze(0)
+            scores = scores + torch.nan_to_num(attn_mask, neginf=0.0).to(scores.dtype)
+        routed = key_visible
+        if key_padding_mask is not None:
+            key_pad = key_padding_mask.to(torch.bool)
+            key_visible = key_visible & ~key_pad.unsqueeze(1)
+            routed = key_visible
+            if self.self_attention:  # query rows are the last tgt_len keys: pad rows are no capsules
+                routed = key_visible & ~key_pad[:, -tgt_len:].unsqueeze(2)
+        neutral = scores.transpose(1, 2).masked_fill(~routed.unsqueeze(2), 0.0).contiguous()
+        omega, new_state, info = self.capsule(neutral, routed.sum(-1), cap_state, capture=self.capture)
+        logits = (scores + omega.transpose(1, 2)).masked_fill(~key_visible.unsqueeze(1), float("-inf"))
+        return logits, key_visible, new_state, info
 
     def reorder_incremental_state(self, incremental_state, new_order):
         incremental_state = super().reorder_incremental_state(incremental_state, new_order)
