@@ -91,6 +91,44 @@ def test_master_gates_are_ordered_and_chunked():
     assert torch.allclose(cumax(torch.zeros(4)), torch.tensor([0.25, 0.5, 0.75, 1.0]))
 
 
+def _plain_equations(layer, x):
+    """The sublayer written out equation by equation (ON-LSTM eqs. 9-14, master FFN), one Linear per map."""
+    T, B, d = x.shape
+    C, n = layer.chunk_size, layer.n_chunk
+    hf, hi = torch.relu(layer.master_in(x)).chunk(2, -1)
+    f_master = cumax(layer.master_forget(hf)).repeat_interleave(C, -1)
+    i_master = 1 - cumax(layer.master_input(hi)).repeat_interleave(C, -1)
+    w_o, w_c, w_i, w_f = layer.gates.weight.chunk(4, 0)
+    b_o, b_c, b_i, b_f = layer.gates.bias.chunk(4, 0)
+    o, c_hat = torch.sigmoid(x @ w_o.t() + b_o), torch.tanh(x @ w_c.t() + b_c)
+    i, f = torch.sigmoid(x @ w_i.t() + b_i), torch.sigmoid(x @ w_f.t() + b_f)
+    omega = f_master * i_master
+    f_hat, i_hat = f * omega + (f_master - omega), i * omega + (i_master - omega)
+    c, out = torch.zeros(B, d, dtype=x.dtype), []
+    for t in range(T):
+        c = f_hat[t] * c + i_hat[t] * c_hat[t]
+        out.append(o[t] * torch.tanh(c))
+    assert n * C == d
+    return torch.stack(out)
+
+
+def test_fused_sublayer_equals_plain_equations():
+    """The fused projections / stacked masters / strided views compute exactly the paper's equations."""
+    torch.manual_seed(0)
+    layer = FastTreesSublayer(24, FastTreesOptions(chunk_size=3), causal=True).double()
+    x = torch.randn(11, 3, 24, dtype=torch.float64, requires_grad=True)
+    got, ref = layer(x), _plain_equations(layer, x)
+    assert torch.allclose(got, ref, atol=1e-12)
+    g_got = torch.autograd.grad(got.square().sum(), [x] + list(layer.parameters()))
+    g_ref = torch.autograd.grad(ref.square().sum(), [x] + list(layer.parameters()))
+    for a, b in zip(g_got, g_ref):
+        assert torch.allclose(a, b, atol=1e-10)
+    # and the check can fail: a different master forget gate changes the output
+    with torch.no_grad():
+        layer.master_forget.bias[0] += 2.0
+    assert not torch.allclose(layer(x), ref, atol=1e-6)
+
+
 def test_conv_master_is_causal():
     """Conv. FastTrees: gates at t do not depend on x_{>t} (the released ConvFT reads x_{t+1})."""
     torch.manual_seed(0)

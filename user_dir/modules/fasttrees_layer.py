@@ -241,14 +241,25 @@ class FastTreesSublayer(nn.Module):
             self._update_state(incremental_state, window=full[:, :, full.size(2) - self.conv_window:])
         return F.relu(self.master_in(full)).permute(2, 0, 1)
 
+    def _masters(self, hidden):
+        """``(T, B, 2, D_m)``: [ĩ, f̃] stacked, from the master hidden units ``[h_f | h_i]`` (T, B, 2h).
+
+        Both second layers run as one batched matmul and both cumaxes as one
+        call (the arithmetic of ``cumax(master_forget(h_f))`` and
+        ``1 − cumax(master_input(h_i))``, with fewer kernel launches).
+        """
+        T, B = hidden.shape[:2]
+        h = hidden.reshape(T * B, 2, self.master_hidden).transpose(0, 1)  # (2, TB, h): [h_f, h_i]
+        weight = torch.stack([self.master_forget.weight, self.master_input.weight], 0)  # (2, D_m, h)
+        bias = torch.stack([self.master_forget.bias, self.master_input.bias], 0).unsqueeze(1)
+        logits = torch.baddbmm(bias, h, weight.transpose(1, 2))  # (2, TB, D_m)
+        ends = cumax(logits.view(2, T, B, self.ndir, self.n_chunk // self.ndir)).view(2, T, B, self.n_chunk)
+        return torch.stack([1.0 - ends[1], ends[0]], 2)  # [ĩ, f̃]
+
     def master_gates(self, x, keep=None, incremental_state=None):
         """(f̃, ĩ), each (T, B, D_m): cumax within each direction's master units."""
-        hf, hi = self._master_hidden(x, keep, incremental_state).chunk(2, dim=-1)
-        T, B = x.shape[:2]
-        per_dir = (T, B, self.ndir, self.n_chunk // self.ndir)
-        f_master = cumax(self.master_forget(hf).view(per_dir)).view(T, B, self.n_chunk)
-        i_master = 1.0 - cumax(self.master_input(hi).view(per_dir)).view(T, B, self.n_chunk)
-        return f_master, i_master
+        masters = self._masters(self._master_hidden(x, keep, incremental_state))
+        return masters[:, :, 1], masters[:, :, 0]
 
     # ----- incremental state
     def _get_state(self, incremental_state) -> Optional[Dict[str, Optional[Tensor]]]:
@@ -276,20 +287,27 @@ class FastTreesSublayer(nn.Module):
         T, B, d = x.shape
         pad = None if padding_mask is None or not padding_mask.any() else padding_mask.t().unsqueeze(-1)
         keep = None if pad is None else (~pad).to(x.dtype)
-        f_master, i_master = self.master_gates(x, keep, incremental_state)
+        if self.conv_window == 0 and incremental_state is None:
+            # the gate projection W and the first layer of F_f, F_i share their input: one matmul
+            weight = torch.cat([self.gates.weight, self.master_in.weight], 0)
+            bias = torch.cat([self.gates.bias, self.master_in.bias], 0)
+            projected = F.linear(x, weight, bias)
+            gates, hidden = projected[..., : 4 * d], F.relu(projected[..., 4 * d:])
+        else:  # conv master, or one decoding step (where concatenating the weights would cost a matmul)
+            gates, hidden = self.gates(x), self._master_hidden(x, keep, incremental_state)
+        masters = self._masters(hidden)  # (T, B, 2, D_m): [ĩ, f̃]
         if self.record_distance:
-            fwd = f_master[:, :, : self.n_chunk // self.ndir]
+            fwd = masters[:, :, 1, : self.n_chunk // self.ndir]
             self.distance = (1.0 - fwd.mean(-1)).t().detach()  # (B, T)
-        o, c_hat, i, f = self.gates(x).chunk(4, dim=-1)
-        shape = (T, B, self.n_chunk, self.chunk_size)
-        o, i, f = torch.sigmoid(o), torch.sigmoid(i).view(shape), torch.sigmoid(f).view(shape)
-        c_hat = torch.tanh(c_hat).view(shape)
-        fm, im = f_master.unsqueeze(-1), i_master.unsqueeze(-1)
-        overlap = fm * im
-        f_hat = f * overlap + (fm - overlap)
-        i_hat = i * overlap + (im - overlap)
-        b = (i_hat * c_hat).view(T, B, d)
-        f_hat = f_hat.view(T, B, d)
+        # gates = [o | ĉ | i | f]; i and f are handled together, next to their masters [ĩ, f̃]
+        o = torch.sigmoid(gates[..., :d])
+        c_hat = torch.tanh(gates[..., d: 2 * d]).view(T, B, self.n_chunk, self.chunk_size)
+        i_f = torch.sigmoid(gates[..., 2 * d:]).view(T, B, 2, self.n_chunk, self.chunk_size)
+        masters = masters.unsqueeze(-1)  # chunk level, broadcast over the C neurons of each master unit
+        overlap = masters.prod(2, keepdim=True)  # ω = f̃ ∘ ĩ
+        hats = i_f * overlap + (masters - overlap)  # [î, f̂] = [i, f] ∘ ω + ([ĩ, f̃] − ω)
+        b = (hats[:, :, 0] * c_hat).view(T, B, d)
+        f_hat = hats[:, :, 1].view(T, B, d)  # a strided view, no copy
         if pad is not None:  # pads are identities of the recurrence
             b = b.masked_fill(pad, 0.0)
             f_hat = f_hat.masked_fill(pad, 1.0)
