@@ -59,6 +59,21 @@ def test_parallel_scan_equals_sequential_loop(T):
     assert err < 1e-5, err
 
 
+@pytest.mark.parametrize("T", [3, 9, 70])
+def test_scan_backward_equals_loop_gradients(T):
+    """The hand-written backward (a reverse-time scan) gives autograd's gradients of the loop, c0 included."""
+    g = torch.Generator().manual_seed(T)
+    a = torch.rand(T, 2, 5, generator=g, dtype=torch.float64).requires_grad_()
+    b = torch.randn(T, 2, 5, generator=g, dtype=torch.float64).requires_grad_()
+    c0 = torch.randn(2, 5, generator=g, dtype=torch.float64).requires_grad_()
+    w = torch.randn(T, 2, 5, generator=g, dtype=torch.float64)  # non-uniform upstream gradient
+    ref = torch.autograd.grad((sequential_scan(a, b, c0) * w).sum(), (a, b, c0))
+    got = torch.autograd.grad((linear_scan(a, b, c0, block_size=4) * w).sum(), (a, b, c0))
+    for x, y in zip(got, ref):
+        assert torch.allclose(x, y, atol=1e-12)
+    assert torch.autograd.gradcheck(lambda a, b: linear_scan(a, b, block_size=4), (a[:7], b[:7]))
+
+
 def test_scan_is_not_trivially_equal():
     """The check above can fail: a scan that ignores c_{t-1} differs from the loop."""
     a, b = torch.full((5, 1), 0.5), torch.ones(5, 1)
@@ -112,8 +127,8 @@ def _plain_equations(layer, x):
     return torch.stack(out)
 
 
-def test_fused_sublayer_equals_plain_equations():
-    """The fused projections / stacked masters / strided views compute exactly the paper's equations."""
+def test_sublayer_equals_plain_equations():
+    """The sublayer (chunked masters, parallel scan with its hand-written backward) computes the paper's equations."""
     torch.manual_seed(0)
     layer = FastTreesSublayer(24, FastTreesOptions(chunk_size=3), causal=True).double()
     x = torch.randn(11, 3, 24, dtype=torch.float64, requires_grad=True)

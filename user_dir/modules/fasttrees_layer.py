@@ -161,17 +161,50 @@ def _doubling_scan(a, b, dim, need_products=True):
 def linear_scan(a, b, c0=None, block_size=8):
     """Parallel evaluation of the linear recurrence ``c_t = a_t ∘ c_{t−1} + b_t`` (time is dim 0).
 
-    A blocked parallel prefix scan: every block of ``block_size`` steps is
-    scanned with :func:`_doubling_scan` (all blocks at once), the carries
-    between blocks obey the same recurrence on a ``block_size`` times shorter
-    sequence (solved recursively), and one fused multiply-add applies them.
-    No Python loop over time; only products and sums of the recurrence's own
-    numbers (|a| ≤ 1 here), no division, exp or log, so it is as accurate as
-    the sequential loop.  ``c0`` (the incremental state c_{t−1}) enters as
-    ``b_1 + a_1 c0``.
+    Forward: :func:`_blocked_scan`.  Backward (:class:`_LinearScan`): the
+    adjoint ``g_t = ∂L/∂c_t + a_{t+1} g_{t+1}`` is the same linear recurrence
+    run right to left, so it is one more parallel scan, and
+    ``∂L/∂b_t = g_t``, ``∂L/∂a_t = g_t c_{t−1}``; this replaces autograd's
+    replay of every scan step (same gradients, a fraction of the work).
+    ``c0`` (the incremental state c_{t−1}) enters as ``b_1 + a_1 c0``.
     """
     if c0 is not None:
         b = torch.cat([torch.addcmul(b[:1], a[:1], c0.unsqueeze(0)), b[1:]], 0)
+    if not (a.requires_grad or b.requires_grad):
+        return _blocked_scan(a, b, block_size)
+    return _LinearScan.apply(a, b, block_size)
+
+
+class _LinearScan(torch.autograd.Function):
+    """:func:`_blocked_scan` with its gradient computed by a reverse-time scan (see :func:`linear_scan`)."""
+
+    @staticmethod
+    def forward(ctx, a, b, block_size):
+        c = _blocked_scan(a, b, block_size)
+        ctx.save_for_backward(a, c)
+        ctx.block_size = block_size
+        return c
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_c):
+        a, c = ctx.saved_tensors
+        a_next = torch.cat([a[1:], torch.zeros_like(a[:1])], 0)  # a_{t+1}; nothing follows the last step
+        g = _blocked_scan(a_next.flip(0), grad_c.flip(0), ctx.block_size).flip(0)
+        c_prev = torch.cat([torch.zeros_like(c[:1]), c[:-1]], 0)
+        return g * c_prev, g, None
+
+
+def _blocked_scan(a, b, block_size=8):
+    """A blocked parallel prefix scan of ``c_t = a_t ∘ c_{t−1} + b_t`` (c_0 = 0, time is dim 0).
+
+    Every block of ``block_size`` steps is scanned with :func:`_doubling_scan`
+    (all blocks at once), the carries between blocks obey the same recurrence
+    on a ``block_size`` times shorter sequence (solved recursively), and one
+    fused multiply-add applies them.  No Python loop over time; only products
+    and sums of the recurrence's own numbers (|a| ≤ 1 here), no division, exp
+    or log, so it is as accurate as the sequential loop.
+    """
     T = a.size(0)
     if T <= block_size:
         return _doubling_scan(a, b, 0, need_products=False)[0]
@@ -182,7 +215,7 @@ def linear_scan(a, b, c0=None, block_size=8):
         b = torch.cat([b, b.new_zeros((extra,) + b.shape[1:])], 0)
     shape = (nb, block_size) + a.shape[1:]
     c_local, products = _doubling_scan(a.reshape(shape), b.reshape(shape), 1)
-    carry = linear_scan(products[:, -1], c_local[:, -1], block_size=block_size)  # c at each block's end
+    carry = _blocked_scan(products[:, -1], c_local[:, -1], block_size)  # c at each block's end
     carry_in = torch.cat([torch.zeros_like(carry[:1]), carry[:-1]], 0)
     c = torch.addcmul(c_local, products, carry_in.unsqueeze(1))
     return c.reshape((nb * block_size,) + a.shape[1:])[:T]
@@ -241,25 +274,14 @@ class FastTreesSublayer(nn.Module):
             self._update_state(incremental_state, window=full[:, :, full.size(2) - self.conv_window:])
         return F.relu(self.master_in(full)).permute(2, 0, 1)
 
-    def _masters(self, hidden):
-        """``(T, B, 2, D_m)``: [ĩ, f̃] stacked, from the master hidden units ``[h_f | h_i]`` (T, B, 2h).
-
-        Both second layers run as one batched matmul and both cumaxes as one
-        call (the arithmetic of ``cumax(master_forget(h_f))`` and
-        ``1 − cumax(master_input(h_i))``, with fewer kernel launches).
-        """
-        T, B = hidden.shape[:2]
-        h = hidden.reshape(T * B, 2, self.master_hidden).transpose(0, 1)  # (2, TB, h): [h_f, h_i]
-        weight = torch.stack([self.master_forget.weight, self.master_input.weight], 0)  # (2, D_m, h)
-        bias = torch.stack([self.master_forget.bias, self.master_input.bias], 0).unsqueeze(1)
-        logits = torch.baddbmm(bias, h, weight.transpose(1, 2))  # (2, TB, D_m)
-        ends = cumax(logits.view(2, T, B, self.ndir, self.n_chunk // self.ndir)).view(2, T, B, self.n_chunk)
-        return torch.stack([1.0 - ends[1], ends[0]], 2)  # [ĩ, f̃]
-
     def master_gates(self, x, keep=None, incremental_state=None):
         """(f̃, ĩ), each (T, B, D_m): cumax within each direction's master units."""
-        masters = self._masters(self._master_hidden(x, keep, incremental_state))
-        return masters[:, :, 1], masters[:, :, 0]
+        hf, hi = self._master_hidden(x, keep, incremental_state).chunk(2, dim=-1)
+        T, B = x.shape[:2]
+        per_dir = (T, B, self.ndir, self.n_chunk // self.ndir)
+        f_master = cumax(self.master_forget(hf).view(per_dir)).view(T, B, self.n_chunk)
+        i_master = 1.0 - cumax(self.master_input(hi).view(per_dir)).view(T, B, self.n_chunk)
+        return f_master, i_master
 
     # ----- incremental state
     def _get_state(self, incremental_state) -> Optional[Dict[str, Optional[Tensor]]]:
@@ -287,27 +309,20 @@ class FastTreesSublayer(nn.Module):
         T, B, d = x.shape
         pad = None if padding_mask is None or not padding_mask.any() else padding_mask.t().unsqueeze(-1)
         keep = None if pad is None else (~pad).to(x.dtype)
-        if self.conv_window == 0 and incremental_state is None:
-            # the gate projection W and the first layer of F_f, F_i share their input: one matmul
-            weight = torch.cat([self.gates.weight, self.master_in.weight], 0)
-            bias = torch.cat([self.gates.bias, self.master_in.bias], 0)
-            projected = F.linear(x, weight, bias)
-            gates, hidden = projected[..., : 4 * d], F.relu(projected[..., 4 * d:])
-        else:  # conv master, or one decoding step (where concatenating the weights would cost a matmul)
-            gates, hidden = self.gates(x), self._master_hidden(x, keep, incremental_state)
-        masters = self._masters(hidden)  # (T, B, 2, D_m): [ĩ, f̃]
+        f_master, i_master = self.master_gates(x, keep, incremental_state)
         if self.record_distance:
-            fwd = masters[:, :, 1, : self.n_chunk // self.ndir]
+            fwd = f_master[:, :, : self.n_chunk // self.ndir]
             self.distance = (1.0 - fwd.mean(-1)).t().detach()  # (B, T)
-        # gates = [o | ĉ | i | f]; i and f are handled together, next to their masters [ĩ, f̃]
-        o = torch.sigmoid(gates[..., :d])
-        c_hat = torch.tanh(gates[..., d: 2 * d]).view(T, B, self.n_chunk, self.chunk_size)
-        i_f = torch.sigmoid(gates[..., 2 * d:]).view(T, B, 2, self.n_chunk, self.chunk_size)
-        masters = masters.unsqueeze(-1)  # chunk level, broadcast over the C neurons of each master unit
-        overlap = masters.prod(2, keepdim=True)  # ω = f̃ ∘ ĩ
-        hats = i_f * overlap + (masters - overlap)  # [î, f̂] = [i, f] ∘ ω + ([ĩ, f̃] − ω)
-        b = (hats[:, :, 0] * c_hat).view(T, B, d)
-        f_hat = hats[:, :, 1].view(T, B, d)  # a strided view, no copy
+        o, c_hat, i, f = self.gates(x).chunk(4, dim=-1)
+        shape = (T, B, self.n_chunk, self.chunk_size)
+        o, i, f = torch.sigmoid(o), torch.sigmoid(i).view(shape), torch.sigmoid(f).view(shape)
+        c_hat = torch.tanh(c_hat).view(shape)
+        fm, im = f_master.unsqueeze(-1), i_master.unsqueeze(-1)
+        overlap = fm * im
+        f_hat = f * overlap + (fm - overlap)
+        i_hat = i * overlap + (im - overlap)
+        b = (i_hat * c_hat).view(T, B, d)
+        f_hat = f_hat.view(T, B, d)
         if pad is not None:  # pads are identities of the recurrence
             b = b.masked_fill(pad, 0.0)
             f_hat = f_hat.masked_fill(pad, 1.0)
