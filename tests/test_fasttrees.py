@@ -59,6 +59,21 @@ def test_parallel_scan_equals_sequential_loop(T):
     assert err < 1e-5, err
 
 
+@pytest.mark.parametrize("T", [3, 9, 70])
+def test_scan_backward_equals_loop_gradients(T):
+    """The hand-written backward (a reverse-time scan) gives autograd's gradients of the loop, c0 included."""
+    g = torch.Generator().manual_seed(T)
+    a = torch.rand(T, 2, 5, generator=g, dtype=torch.float64).requires_grad_()
+    b = torch.randn(T, 2, 5, generator=g, dtype=torch.float64).requires_grad_()
+    c0 = torch.randn(2, 5, generator=g, dtype=torch.float64).requires_grad_()
+    w = torch.randn(T, 2, 5, generator=g, dtype=torch.float64)  # non-uniform upstream gradient
+    ref = torch.autograd.grad((sequential_scan(a, b, c0) * w).sum(), (a, b, c0))
+    got = torch.autograd.grad((linear_scan(a, b, c0, block_size=4) * w).sum(), (a, b, c0))
+    for x, y in zip(got, ref):
+        assert torch.allclose(x, y, atol=1e-12)
+    assert torch.autograd.gradcheck(lambda a, b: linear_scan(a, b, block_size=4), (a[:7], b[:7]))
+
+
 def test_scan_is_not_trivially_equal():
     """The check above can fail: a scan that ignores c_{t-1} differs from the loop."""
     a, b = torch.full((5, 1), 0.5), torch.ones(5, 1)
@@ -89,6 +104,44 @@ def test_master_gates_are_ordered_and_chunked():
     assert (f_master.diff(dim=-1) >= -1e-6).all() and torch.allclose(f_master[..., -1], torch.ones(5, 2))
     assert (i_master.diff(dim=-1) <= 1e-6).all() and torch.allclose(i_master[..., -1], torch.zeros(5, 2), atol=1e-6)
     assert torch.allclose(cumax(torch.zeros(4)), torch.tensor([0.25, 0.5, 0.75, 1.0]))
+
+
+def _plain_equations(layer, x):
+    """The sublayer written out equation by equation (ON-LSTM eqs. 9-14, master FFN), one Linear per map."""
+    T, B, d = x.shape
+    C, n = layer.chunk_size, layer.n_chunk
+    hf, hi = torch.relu(layer.master_in(x)).chunk(2, -1)
+    f_master = cumax(layer.master_forget(hf)).repeat_interleave(C, -1)
+    i_master = 1 - cumax(layer.master_input(hi)).repeat_interleave(C, -1)
+    w_o, w_c, w_i, w_f = layer.gates.weight.chunk(4, 0)
+    b_o, b_c, b_i, b_f = layer.gates.bias.chunk(4, 0)
+    o, c_hat = torch.sigmoid(x @ w_o.t() + b_o), torch.tanh(x @ w_c.t() + b_c)
+    i, f = torch.sigmoid(x @ w_i.t() + b_i), torch.sigmoid(x @ w_f.t() + b_f)
+    omega = f_master * i_master
+    f_hat, i_hat = f * omega + (f_master - omega), i * omega + (i_master - omega)
+    c, out = torch.zeros(B, d, dtype=x.dtype), []
+    for t in range(T):
+        c = f_hat[t] * c + i_hat[t] * c_hat[t]
+        out.append(o[t] * torch.tanh(c))
+    assert n * C == d
+    return torch.stack(out)
+
+
+def test_sublayer_equals_plain_equations():
+    """The sublayer (chunked masters, parallel scan with its hand-written backward) computes the paper's equations."""
+    torch.manual_seed(0)
+    layer = FastTreesSublayer(24, FastTreesOptions(chunk_size=3), causal=True).double()
+    x = torch.randn(11, 3, 24, dtype=torch.float64, requires_grad=True)
+    got, ref = layer(x), _plain_equations(layer, x)
+    assert torch.allclose(got, ref, atol=1e-12)
+    g_got = torch.autograd.grad(got.square().sum(), [x] + list(layer.parameters()))
+    g_ref = torch.autograd.grad(ref.square().sum(), [x] + list(layer.parameters()))
+    for a, b in zip(g_got, g_ref):
+        assert torch.allclose(a, b, atol=1e-10)
+    # and the check can fail: a different master forget gate changes the output
+    with torch.no_grad():
+        layer.master_forget.bias[0] += 2.0
+    assert not torch.allclose(layer(x), ref, atol=1e-6)
 
 
 def test_conv_master_is_causal():

@@ -5,6 +5,8 @@
 
 1. training step (forward + backward + Adam) of ``fasttrees_transformer`` vs fairseq's ``transformer``
    at the same sizes (3+3 layers, d 256, FFN 1024, 4 heads; batch 32 × 20 tokens);  target ≤ 1.2x;
+   1b. the same at equal parameter count (FastTrees with its FFN dim reduced by the FastTrees sublayers'
+   parameters, same d and layers); 1c. the equal-dims model with autograd replaying the scan (before/after);
 2. training step of an ON-LSTM LM (benchmarks/fasttrees/onlstm.py) vs a FastTrees LM of equal hidden size
    and depth whose layers are FastTrees sublayers (the paper's Table 1 comparison), and vs the full
    ``fasttrees_transformer_lm`` (3 layers, hidden 256, batch 16 × 70 tokens);  target ≥ 1.3x faster;
@@ -27,7 +29,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import user_dir  # noqa: E402,F401
 from onlstm import ONLSTMLanguageModel  # noqa: E402
 from tests.helpers.models import build, toy_dictionary  # noqa: E402
-from user_dir.modules.fasttrees_layer import FastTreesOptions, FastTreesSublayer, linear_scan, sequential_scan  # noqa
+from user_dir.modules.fasttrees_layer import (  # noqa: E402
+    FastTreesOptions, FastTreesSublayer, _blocked_scan, fasttrees_modules, linear_scan, sequential_scan)
 
 SIZES = ["--encoder-layers", 3, "--decoder-layers", 3, "--encoder-embed-dim", 256, "--decoder-embed-dim", 256,
          "--encoder-ffn-embed-dim", 1024, "--decoder-ffn-embed-dim", 1024, "--encoder-attention-heads", 4,
@@ -82,12 +85,27 @@ def translation_ratio(repeats):
         logits = m(src, lengths, prev)[0]
         return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.size(-1)), tgt.reshape(-1))
 
-    steps = {}
+    steps, params = {}, {}
     for arch in ("transformer", "fasttrees_transformer"):
         extra = SIZES if arch.startswith("fasttrees") else SIZES[:-2]
         model, _ = build(arch, extra, dictionary=d)
-        steps[arch] = train_step_fn(model, loss)
-    return interleaved(steps, repeats)
+        steps[arch], params[arch] = train_step_fn(model, loss), n_params(model)
+    # equal parameter count: the FastTrees model's FFN shrunk by the FastTrees sublayers' parameters
+    # (6 FFNs of (2d + 1) parameters per FFN unit; d = 256)
+    ffn = round(1024 - (params["fasttrees_transformer"] - params["transformer"]) / (6 * (2 * 256 + 1)))
+    sizes = [str(ffn) if str(v) == "1024" else v for v in SIZES]
+    model, _ = build("fasttrees_transformer", sizes, dictionary=d)
+    steps["fasttrees_equal_params"], params["fasttrees_equal_params"] = train_step_fn(model, loss), n_params(model)
+    # before/after: the same FastTrees model with autograd replaying the scan (no hand-written backward)
+    model, _ = build("fasttrees_transformer", SIZES, dictionary=d)
+    for layer in fasttrees_modules(model):
+        layer._scan = lambda a, b, c0: _blocked_scan(a, b) if c0 is None else linear_scan(a, b, c0)
+    steps["fasttrees_autograd_scan"] = train_step_fn(model, loss)
+    return interleaved(steps, repeats), params, ffn
+
+
+def n_params(model):
+    return sum(p.numel() for p in model.parameters())
 
 
 class FastTreesRNNLanguageModel(torch.nn.Module):
@@ -167,23 +185,34 @@ def scan_ratio(repeats, T=256, B=16, D=256):
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--repeats", type=int, default=7)
+    p.add_argument("--only", choices=["1", "2", "3"], help="run one comparison only")
     args = p.parse_args()
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, repeats {args.repeats} (medians)")
-    t = translation_ratio(args.repeats)
-    print(f"1. train step  transformer {t['transformer'] * 1e3:.0f} ms  fasttrees_transformer "
-          f"{t['fasttrees_transformer'] * 1e3:.0f} ms  ratio {t['fasttrees_transformer'] / t['transformer']:.2f}x"
-          "  (target <= 1.2x)")
-    o = onlstm_ratio(args.repeats)
-    print(f"2. train step  ON-LSTM LM {o['onlstm'] * 1e3:.0f} ms;  FastTrees LM (FastTrees layers in place of the "
-          f"ON-LSTM layers, the paper's Table 1 setting) {o['fasttrees_rnn'] * 1e3:.0f} ms  speed-up "
-          f"{o['onlstm'] / o['fasttrees_rnn']:.2f}x  (target >= 1.3x);  fasttrees_transformer_lm "
-          f"{o['fasttrees_transformer_lm'] * 1e3:.0f} ms  speed-up {o['onlstm'] / o['fasttrees_transformer_lm']:.2f}x")
-    raw, whole = scan_ratio(args.repeats)
-    print(f"3. length 256, fwd+bwd  raw recurrence: loop {raw['loop'] * 1e3:.0f} ms  scan {raw['scan'] * 1e3:.0f} ms"
-          f"  speed-up {raw['loop'] / raw['scan']:.2f}x  (lean unbind loop {raw['unbind'] * 1e3:.0f} ms: "
-          f"{raw['unbind'] / raw['scan']:.2f}x);  whole sublayer: loop {whole['loop'] * 1e3:.0f} ms  scan "
-          f"{whole['scan'] * 1e3:.0f} ms  speed-up {whole['loop'] / whole['scan']:.2f}x  (target >= 5x)")
+    if args.only in (None, "1"):
+        t, n, ffn = translation_ratio(args.repeats)
+        print(f"1. train step  transformer {t['transformer'] * 1e3:.0f} ms ({n['transformer'] / 1e6:.3f} M params)  "
+              f"fasttrees_transformer {t['fasttrees_transformer'] * 1e3:.0f} ms ({n['fasttrees_transformer'] / 1e6:.3f} M)"
+              f"  ratio {t['fasttrees_transformer'] / t['transformer']:.2f}x  (equal dims; target <= 1.2x)")
+        print(f"1b. train step at equal parameter count: fasttrees_transformer with FFN {ffn} "
+              f"({n['fasttrees_equal_params'] / 1e6:.3f} M params, {n['fasttrees_equal_params'] / n['transformer']:.3f} "
+              f"of the vanilla count) {t['fasttrees_equal_params'] * 1e3:.0f} ms  ratio "
+              f"{t['fasttrees_equal_params'] / t['transformer']:.2f}x  (target <= 1.2x)")
+        print(f"1c. the equal-dims fasttrees_transformer with autograd replaying the scan (no hand-written "
+              f"backward) {t['fasttrees_autograd_scan'] * 1e3:.0f} ms  ratio "
+              f"{t['fasttrees_autograd_scan'] / t['transformer']:.2f}x")
+    if args.only in (None, "2"):
+        o = onlstm_ratio(args.repeats)
+        print(f"2. train step  ON-LSTM LM {o['onlstm'] * 1e3:.0f} ms;  FastTrees LM (FastTrees layers in place of the "
+              f"ON-LSTM layers, the paper's Table 1 setting) {o['fasttrees_rnn'] * 1e3:.0f} ms  speed-up "
+              f"{o['onlstm'] / o['fasttrees_rnn']:.2f}x  (target >= 1.3x);  fasttrees_transformer_lm "
+              f"{o['fasttrees_transformer_lm'] * 1e3:.0f} ms  speed-up {o['onlstm'] / o['fasttrees_transformer_lm']:.2f}x")
+    if args.only in (None, "3"):
+        raw, whole = scan_ratio(args.repeats)
+        print(f"3. length 256, fwd+bwd  raw recurrence: loop {raw['loop'] * 1e3:.0f} ms  scan {raw['scan'] * 1e3:.0f} ms"
+              f"  speed-up {raw['loop'] / raw['scan']:.2f}x  (lean unbind loop {raw['unbind'] * 1e3:.0f} ms: "
+              f"{raw['unbind'] / raw['scan']:.2f}x);  whole sublayer: loop {whole['loop'] * 1e3:.0f} ms  scan "
+              f"{whole['scan'] * 1e3:.0f} ms  speed-up {whole['loop'] / whole['scan']:.2f}x  (target >= 5x)")
 
 
 if __name__ == "__main__":
