@@ -71,11 +71,30 @@ def rel_shift(x: torch.Tensor) -> torch.Tensor:
     With the relative encodings ordered from distance ``klen-1`` down to 0,
     the output at ``[i, j]`` holds distance ``(mlen + i) - j`` for every
     ``j <= mlen + i``; the other entries are junk that the causal mask hides.
+    (Reference form, kept for reading and tests; the attention computes the
+    same numbers without the copies, see :func:`shifted_position_scores`.)
     """
     *lead, qlen, klen = x.shape
     padded = F.pad(x, (1, 0))  # zero column in front of the key axis
     padded = padded.view(*lead, klen + 1, qlen)
     return padded[..., 1:, :].reshape(*lead, qlen, klen)
+
+
+def shifted_position_scores(q: torch.Tensor, r_k: torch.Tensor) -> torch.Tensor:
+    """``rel_shift(q @ r_k)`` as a strided view, without the reference's two copies.
+
+    ``q``: (B, H, T, D); ``r_k``: (H, D, K).  The reference pads a zero
+    column in front of the scores and reinterprets the buffer; here the zero
+    column comes out of the matmul itself (``r_k`` gets a zero column in
+    front), and the shift is a view of that buffer: element ``[i, j]`` of
+    the result is flat element ``T + i·K + j`` of the (T, K+1) block -- rows
+    of stride K, no overlap, no copy.  Same values as :func:`rel_shift`
+    (tested), including the junk entries above the causal diagonal.
+    """
+    B, H, T, _ = q.shape
+    K = r_k.size(-1)
+    padded = torch.matmul(q, F.pad(r_k, (1, 0)))  # (B, H, T, K+1), column 0 is zero
+    return padded.as_strided((B, H, T, K), (H * T * (K + 1), T * (K + 1), K, 1), padded.storage_offset() + T)
 
 
 def attention_mask(qlen: int, mlen: int, mem_len: int, same_length: bool, device=None) -> torch.Tensor:
@@ -150,24 +169,29 @@ class RelativeMultiheadAttention(nn.Module):
         K = M + T
         h_in = self.layer_norm(h) if self.pre_norm else h
         w = self.qkv_net.weight
-        # queries only for the segment; keys and values for memory + segment
+        w_kv = w[H * D:]
+        # queries only for the segment; keys and values for memory + segment.  The memory rows are
+        # projected on their own: they are detached, so their backward is only the weight gradient (the
+        # reference projects cat(memory, h) and back-propagates into the memory rows for nothing).
+        # LayerNorm is per row, so pre-norm's LN(cat(memory, h)) = cat(LN(memory), h_in).
         q = F.linear(h_in, w[: H * D]).view(B, T, H, D).transpose(1, 2)
+        kv_new = F.linear(h_in, w_kv)
         if M == 0:
-            kv_flat = F.linear(h_in, w[H * D:])
+            kv_flat = kv_new
         elif memory_kv is not None and memory_kv.size(1) == M:
-            kv_flat = torch.cat([memory_kv, F.linear(h_in, w[H * D:])], dim=1)
+            kv_flat = torch.cat([memory_kv, kv_new], dim=1)
         else:
-            cat = torch.cat([memory, h], dim=1)
-            kv_flat = F.linear(self.layer_norm(cat) if self.pre_norm else cat, w[H * D:])
+            kv_mem = F.linear(self.layer_norm(memory) if self.pre_norm else memory, w_kv)
+            kv_flat = torch.cat([kv_mem, kv_new], dim=1)
         kv = kv_flat.view(B, K, 2, H, D)
         k, val = kv[:, :, 0].transpose(1, 2), kv[:, :, 1].transpose(1, 2)
         r_k = self._position_keys(r).view(K, H, D).permute(1, 2, 0)  # (H, D, K)
 
-        # (b)+(d): (q + v) W_kR R, shifted so that column j holds distance i-j
-        bd = rel_shift(torch.matmul(q + v.unsqueeze(1), r_k))  # (B, H, T, K), a fresh tensor
+        # (b)+(d): (q + v) W_kR R, shifted so that column j holds distance i-j (rel_shift)
+        bd = shifted_position_scores(q + v.unsqueeze(1), r_k)  # (B, H, T, K), a strided view
         if mask.dtype == torch.bool:
             mask = additive_mask(mask, bd.dtype)
-        bias = bd.mul_(self.scale).add_(mask)
+        bias = torch.add(mask, bd, alpha=self.scale)  # one pass: scale, mask, contiguous
         # (a)+(c): (q + u) k^T, plus the positional bias, scaled, softmax, dropatt
         attn = F.scaled_dot_product_attention(
             q + u.unsqueeze(1), k, val, attn_mask=bias,
