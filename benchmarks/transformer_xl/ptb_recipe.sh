@@ -53,30 +53,32 @@ evaluate() {  # name, split, task args...
   printf '%-34s %-5s %s\n' "$name${EVAL_TAG:-}" "$split" "$(grep -o 'Perplexity: [0-9.]*' "$WORK/$name.$split.log")"
 }
 
-# PARALLEL=1 trains (then evaluates) the three models at once (one thread each), for machines with cores to spare
+# PARALLEL=1 trains (then evaluates) the three models at once (one thread each), for machines with cores
+# to spare; EVAL_ONLY=1 skips training and evaluates the checkpoints already in $WORK.
 run() { if [ "${PARALLEL:-0}" = 1 ]; then "$@" & else "$@"; fi; }
-run train txl_mem70 "${TXL[@]}" --mem-len 70
-run train txl_mem0 "${TXL[@]}" --mem-len 0
-run train transformer_lm --task language_modeling --sample-break-mode none --arch transformer_lm \
-  --decoder-layers 4 --decoder-embed-dim 256 --decoder-ffn-embed-dim 1024 --decoder-attention-heads 4 \
-  --share-decoder-input-output-embed --dropout "$DROPOUT" $LM_ARGS
-wait
+if [ "${EVAL_ONLY:-0}" != 1 ]; then
+  run train txl_mem70 "${TXL[@]}" --mem-len 70
+  run train txl_mem0 "${TXL[@]}" --mem-len 0
+  run train transformer_lm --task language_modeling --sample-break-mode none --arch transformer_lm \
+    --decoder-layers 4 --decoder-embed-dim 256 --decoder-ffn-embed-dim 1024 --decoder-attention-heads 4 \
+    --share-decoder-input-output-embed --dropout "$DROPOUT" $LM_ARGS
+  wait
+fi
 
-evaluations() {  # model name: all its evaluations, in order, into $WORK/<name>.eval.txt
-  local name=$1 split
+lane() {  # lane number: its share of the evaluations, in order, into $WORK/eval<lane>.txt
+  local split
   for split in valid test; do
-    case $name in
-      txl_mem70)
-        evaluate txl_mem70 "$split" --task bptt_lm
-        EVAL_TAG=" (eval mem $EVAL_MEM, same_length)" evaluate txl_mem70 "$split" --task bptt_lm \
-          --model-overrides "{\"mem_len\":$EVAL_MEM,\"same_length\":True}"
-        EVAL_TAG=" (eval mem 0)" evaluate txl_mem70 "$split" --task bptt_lm --model-overrides '{"mem_len":0}' ;;
-      txl_mem0) evaluate txl_mem0 "$split" --task bptt_lm ;;
-      transformer_lm) evaluate transformer_lm "$split" --task language_modeling --sample-break-mode none ;;
+    case $1 in
+      1) evaluate txl_mem70 "$split" --task bptt_lm
+         EVAL_TAG=" (eval mem 0)" evaluate txl_mem70 "$split" --task bptt_lm --model-overrides '{"mem_len":0}' ;;
+      2) EVAL_TAG=" (eval mem $EVAL_MEM, same_length)" evaluate txl_mem70 "$split" --task bptt_lm \
+           --model-overrides "{\"mem_len\":$EVAL_MEM,\"same_length\":True}" ;;
+      3) evaluate txl_mem0 "$split" --task bptt_lm
+         evaluate transformer_lm "$split" --task language_modeling --sample-break-mode none ;;
     esac
-  done > "$WORK/$name.eval.txt"
+  done > "$WORK/eval$1.txt"
 }
-for name in txl_mem70 txl_mem0 transformer_lm; do run evaluations "$name"; done
+for i in 1 2 3; do run lane "$i"; done
 wait
 echo "model                              split perplexity (after $MAX_UPDATE updates)"
-cat "$WORK/txl_mem70.eval.txt" "$WORK/txl_mem0.eval.txt" "$WORK/transformer_lm.eval.txt"
+cat "$WORK/eval1.txt" "$WORK/eval2.txt" "$WORK/eval3.txt"
