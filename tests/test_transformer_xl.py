@@ -278,3 +278,20 @@ def test_strided_rel_shift_equals_the_reference_shift():
         w = torch.randn(ref.shape, generator=g, dtype=torch.float64)
         for a, b in zip(torch.autograd.grad((ref * w).sum(), (q, r)), torch.autograd.grad((ours * w).sum(), (q, r))):
             assert torch.allclose(a, b, atol=1e-12)
+
+
+def test_cpu_dropout_keeps_one_minus_p_scaled_and_is_identity_in_eval():
+    from user_dir.modules.relative_multihead_attention import Dropout
+
+    torch.manual_seed(0)
+    drop = Dropout(0.3, module_name="t")
+    x = torch.full((400, 500), 2.0, requires_grad=True)
+    y = drop.train()(x)
+    kept = y != 0
+    assert abs(kept.float().mean().item() - 0.7) < 0.01  # 200k draws: the std of the mean is ~0.001
+    assert torch.allclose(y[kept], torch.tensor(2.0 / 0.7))
+    y.sum().backward()
+    assert torch.allclose(x.grad, kept.float() / 0.7)  # the gradient goes through the same mask
+    assert drop.eval()(x) is x
+    drop.apply_during_inference = True  # --retain-dropout
+    assert (drop(x) == 0).any()

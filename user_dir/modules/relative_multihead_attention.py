@@ -31,6 +31,26 @@ from torch import nn
 from fairseq.modules import FairseqDropout
 
 
+class Dropout(FairseqDropout):
+    """``FairseqDropout`` with a cheaper mask on CPU.
+
+    The same operation -- keep each element with probability ``1 - p``,
+    scale the kept ones by ``1 / (1 - p)`` -- but the mask is drawn as
+    ``uniform_() >= p`` instead of ``F.dropout``'s ``bernoulli_`` followed by
+    a division: about half the time on CPU, where the dropout masks were
+    ~6% of a training step.  Other devices use ``F.dropout`` (fused there).
+    The random draws differ from ``F.dropout``'s, not their distribution.
+    """
+
+    def forward(self, x, inplace: bool = False):
+        if x.device.type != "cpu" or not 0.0 < self.p < 1.0:
+            return super().forward(x, inplace=inplace)
+        if not (self.training or self.apply_during_inference):
+            return x
+        mask = torch.empty_like(x).uniform_().ge_(self.p).mul_(1.0 / (1.0 - self.p))
+        return x * mask
+
+
 class RelativeSinusoid(nn.Module):
     """The relative position matrix ``R`` of the paper (Sec. 3.3).
 
@@ -141,7 +161,7 @@ class RelativeMultiheadAttention(nn.Module):
         self.r_net = nn.Linear(embed_dim, inner, bias=False)
         self.o_net = nn.Linear(inner, embed_dim, bias=False)
         self.layer_norm = nn.LayerNorm(embed_dim, eps=layer_norm_eps)
-        self.dropout = FairseqDropout(dropout, module_name=self.__class__.__name__)
+        self.dropout = Dropout(dropout, module_name=self.__class__.__name__)
         self.attention_dropout = attention_dropout
         self.pre_norm = pre_norm
         self.scale = 1.0 / math.sqrt(head_dim)
@@ -220,7 +240,7 @@ class PositionwiseFF(nn.Module):
         self.fc1 = nn.Linear(embed_dim, ffn_dim)
         self.fc2 = nn.Linear(ffn_dim, embed_dim)
         self.layer_norm = nn.LayerNorm(embed_dim, eps=layer_norm_eps)
-        self.dropout = FairseqDropout(dropout, module_name=self.__class__.__name__)
+        self.dropout = Dropout(dropout, module_name=self.__class__.__name__)
         self.pre_norm = pre_norm
 
     def forward(self, x):
