@@ -3,6 +3,7 @@
     OMP_NUM_THREADS=1 python benchmarks/transformer_xl/bench_speed.py train   # (b) vs fairseq's HF wrapper
     OMP_NUM_THREADS=1 python benchmarks/transformer_xl/bench_speed.py eval    # (a) vs vanilla sliding window
     OMP_NUM_THREADS=1 python benchmarks/transformer_xl/bench_speed.py memory  # (c) peak memory vs mem_len
+    OMP_NUM_THREADS=1 python benchmarks/transformer_xl/bench_speed.py profile --steps 3  # where a step's time goes
 
 Model of the issue's calibration setting: PTB vocabulary (10k words; the
 binarized dictionary of ``preprocess/ptb_lm.py`` when ``--data`` is given,
@@ -137,6 +138,20 @@ def cmd_train(args):
     print(json.dumps(result, indent=1))
 
 
+def cmd_profile(args):
+    """``torch.profiler`` table of our training step (the ops that take the time), ``--steps`` steps."""
+    from torch.profiler import ProfilerActivity, profile
+
+    d = dictionary(args)
+    torch.manual_seed(0)
+    model = txl(d, args.mem_len)
+    batches = stream_batches(d, args.steps + 2, args.bsz, args.tgt_len)
+    train_steps(model, batches[:2], True)  # warm-up, memory filled
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        train_steps(model, batches[2:], True)
+    print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=20))
+
+
 def cmd_eval(args):
     d = dictionary(args)
     torch.manual_seed(0)
@@ -216,7 +231,7 @@ def cmd_memory(args):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("what", choices=["train", "eval", "memory", "_memory_child"])
+    p.add_argument("what", choices=["train", "eval", "memory", "profile", "_memory_child"])
     p.add_argument("--data", help="binarized PTB (preprocess/ptb_lm.py) for the real dictionary")
     p.add_argument("--vocab", type=int, help="a synthetic vocabulary of this many symbols instead (specials "
                                              "included), e.g. 204 for the paper's character-level setting")
@@ -232,7 +247,8 @@ def main():
     args = p.parse_args()
     if args.what == "eval" and args.tgt_len == 70:
         args.tgt_len = 64
-    {"train": cmd_train, "eval": cmd_eval, "memory": cmd_memory, "_memory_child": _memory_child}[args.what](args)
+    {"train": cmd_train, "eval": cmd_eval, "memory": cmd_memory, "profile": cmd_profile,
+     "_memory_child": _memory_child}[args.what](args)
 
 
 if __name__ == "__main__":
