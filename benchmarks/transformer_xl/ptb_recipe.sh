@@ -48,13 +48,16 @@ train() {  # name, args...
 
 evaluate() {  # name, split, task args...
   local name=$1 split=$2; shift 2
+  local log
+  log="$WORK/$name$(printf '%s' "${EVAL_TAG:-}" | tr -c 'A-Za-z0-9' '_').$split.log"  # one log per evaluation
   "$BIN/fairseq-eval-lm" "$DATA" --path "$WORK/$name/checkpoint_last.pt" --gen-subset "$split" --batch-size 10 \
-    --tokens-per-sample 70 --cpu --num-workers 0 --user-dir user_dir "$@" > "$WORK/$name.$split.log" 2>&1
-  printf '%-34s %-5s %s\n' "$name${EVAL_TAG:-}" "$split" "$(grep -o 'Perplexity: [0-9.]*' "$WORK/$name.$split.log")"
+    --tokens-per-sample 70 --cpu --num-workers 0 --user-dir user_dir "$@" > "$log" 2>&1
+  printf '%-34s %-5s %s\n' "$name${EVAL_TAG:-}" "$split" "$(grep -o 'Perplexity: [0-9.]*' "$log")"
 }
 
 # PARALLEL=1 trains (then evaluates) the three models at once (one thread each), for machines with cores
-# to spare; EVAL_ONLY=1 skips training and evaluates the checkpoints already in $WORK.
+# to spare; EVAL_ONLY=1 skips training and evaluates the checkpoints already in $WORK (LANES: which of the
+# three evaluation lanes to run).
 run() { if [ "${PARALLEL:-0}" = 1 ]; then "$@" & else "$@"; fi; }
 if [ "${EVAL_ONLY:-0}" != 1 ]; then
   run train txl_mem70 "${TXL[@]}" --mem-len 70
@@ -78,7 +81,7 @@ lane() {  # lane number: its share of the evaluations, in order, into $WORK/eval
     esac
   done > "$WORK/eval$1.txt"
 }
-for i in 1 2 3; do run lane "$i"; done
+for i in ${LANES:-1 2 3}; do run lane "$i"; done
 wait
 echo "model                              split perplexity (after $MAX_UPDATE updates)"
 cat "$WORK/eval1.txt" "$WORK/eval2.txt" "$WORK/eval3.txt"
