@@ -263,3 +263,35 @@ def test_hydra_yaml_matches_the_configs(name):
     ARCH_CONFIG_REGISTRY["transformer_xl_lm_" + name](preset)  # what the CLI preset sets
     for key, value in vars(preset).items():
         assert model[key] == value, key  # YAML == arch preset
+
+
+def test_strided_rel_shift_equals_the_reference_shift():
+    """The copy-free shift used by the attention gives the reference ``_rel_shift``'s values and gradients."""
+    from user_dir.modules.relative_multihead_attention import rel_shift, shifted_position_scores
+
+    g = torch.Generator().manual_seed(3)
+    for B, H, T, K in [(2, 3, 5, 9), (1, 1, 4, 4), (3, 2, 7, 20)]:
+        q = torch.randn(B, H, T, 6, generator=g, dtype=torch.float64, requires_grad=True)
+        r = torch.randn(H, 6, K, generator=g, dtype=torch.float64, requires_grad=True)
+        ref, ours = rel_shift(torch.matmul(q, r)), shifted_position_scores(q, r)
+        assert torch.allclose(ref, ours, atol=1e-12)  # junk entries above the diagonal included
+        w = torch.randn(ref.shape, generator=g, dtype=torch.float64)
+        for a, b in zip(torch.autograd.grad((ref * w).sum(), (q, r)), torch.autograd.grad((ours * w).sum(), (q, r))):
+            assert torch.allclose(a, b, atol=1e-12)
+
+
+def test_cpu_dropout_keeps_one_minus_p_scaled_and_is_identity_in_eval():
+    from user_dir.modules.relative_multihead_attention import Dropout
+
+    torch.manual_seed(0)
+    drop = Dropout(0.3, module_name="t")
+    x = torch.full((400, 500), 2.0, requires_grad=True)
+    y = drop.train()(x)
+    kept = y != 0
+    assert abs(kept.float().mean().item() - 0.7) < 0.01  # 200k draws: the std of the mean is ~0.001
+    assert torch.allclose(y[kept], torch.tensor(2.0 / 0.7))
+    y.sum().backward()
+    assert torch.allclose(x.grad, kept.float() / 0.7)  # the gradient goes through the same mask
+    assert drop.eval()(x) is x
+    drop.apply_during_inference = True  # --retain-dropout
+    assert (drop(x) == 0).any()
