@@ -4,7 +4,7 @@
 #   examples/capsule_transformer/multi30k_compare.sh [DATA_BIN] [WORK]
 # Full budget (the issue's): MAX_UPDATE=428 WARMUP=400 (defaults). Reduced budgets: set MAX_UPDATE
 # (and WARMUP) lower; ARCHS="transformer capsule_transformer" chooses the runs; EXTRA adds
-# capsule flags (e.g. EXTRA="--routing-iters 1").
+# capsule flags (e.g. EXTRA="--routing-iters 1"); SEED (default 1) sets the seed of both runs.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 PYTHON=${PYTHON:-.venv/bin/python}
@@ -14,6 +14,7 @@ WORK=${2:-work/multi30k_compare}
 MAX_UPDATE=${MAX_UPDATE:-428}
 WARMUP=${WARMUP:-400}
 ARCHS=${ARCHS:-"transformer capsule_transformer"}
+SEED=${SEED:-1}
 [ -f "$DATA/dict.en.txt" ] || { echo "multi30k_compare: no binarized data in $DATA (run prepare_multi30k.sh)" >&2; exit 2; }
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} MKL_NUM_THREADS=${MKL_NUM_THREADS:-1}
 mkdir -p "$WORK"
@@ -27,7 +28,7 @@ for ARCH in $ARCHS; do
     --decoder-attention-heads 4 --share-all-embeddings --dropout 0.1 "${extra[@]}" \
     --optimizer adam --adam-betas '(0.9, 0.98)' --clip-norm 1.0 --lr 1e-3 --lr-scheduler inverse_sqrt \
     --warmup-updates "$WARMUP" --criterion label_smoothed_cross_entropy --label-smoothing 0.1 \
-    --max-tokens 4096 --max-update "$MAX_UPDATE" --seed 1 --save-dir "$WORK/$ARCH" --no-epoch-checkpoints \
+    --max-tokens 4096 --max-update "$MAX_UPDATE" --seed "$SEED" --save-dir "$WORK/$ARCH" --no-epoch-checkpoints \
     --validate-interval 1000 --log-format simple --log-interval 25 --cpu --num-workers 0 \
     > "$WORK/$ARCH.train.log" 2>&1
   train_s=$(( $(date +%s) - start ))
@@ -36,5 +37,5 @@ for ARCH in $ARCHS; do
   bleu=$(grep ^H- "$WORK/$ARCH.generate.txt" | sort -V | cut -f3 > "$WORK/$ARCH.hyp" && \
          grep ^T- "$WORK/$ARCH.generate.txt" | sort -V | cut -f2 > "$WORK/$ARCH.ref" && \
          "$BIN/sacrebleu" "$WORK/$ARCH.ref" -i "$WORK/$ARCH.hyp" -b)
-  echo "$ARCH updates=$MAX_UPDATE warmup=$WARMUP train_wall_s=$train_s test_2016_flickr_BLEU=$bleu" | tee -a "$WORK/results.txt"
+  echo "$ARCH seed=$SEED updates=$MAX_UPDATE warmup=$WARMUP train_wall_s=$train_s test_2016_flickr_BLEU=$bleu" | tee -a "$WORK/results.txt"
 done
