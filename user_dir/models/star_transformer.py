@@ -286,6 +286,19 @@ class StarTransformerModel(FairseqEncoderModel):
             return cls(cfg, BaselineTransformerEncoder(cfg, dictionary))
         return cls(cfg, StarTransformerEncoder(cfg, dictionary))
 
+    @classmethod
+    def from_pretrained(cls, model_name_or_path, checkpoint_file="model.pt", data_name_or_path=".", **kwargs):
+        """Loads a checkpoint directory (+ its binarised data) into a
+        :class:`~user_dir.models.star_transformer_hub.StarTransformerHubInterface`
+        (``encode``, ``predict``, ``predict_label``, ``extract_features``), as RoBERTa's does."""
+        from fairseq import hub_utils
+
+        from .star_transformer_hub import StarTransformerHubInterface
+
+        x = hub_utils.from_pretrained(model_name_or_path, checkpoint_file, data_name_or_path,
+                                      archive_map=cls.hub_models(), **kwargs)
+        return StarTransformerHubInterface(x["args"], x["task"], x["models"][0])
+
     # ----------------------------------------------------------------- heads
     def register_classification_head(self, name, num_classes=None, inner_dim=None, input_multiplier=1, **kwargs):
         """RoBERTa's interface (used by fairseq's ``sentence_prediction`` task).
