@@ -347,3 +347,22 @@ def test_fused_ring_attention_keeps_little_for_backward():
         saved[fused] = sum(kept.values()) / (n * d * 4)  # in units of one n x d float tensor
     assert saved[True] <= 5 / (d // heads) + 0.01  # the probabilities only
     assert saved[False] >= 5  # q, k, v, k(e), v(e), attention output ...
+
+
+def test_block_dropout_flag():
+    """--star-block-dropout: < 0 follows --dropout, 0 leaves only the embedding dropout (fastNLP)."""
+    x = torch.randn(2, 6, 16)
+
+    def train_vs_eval(**kw):
+        torch.manual_seed(0)
+        star = StarTransformer(StarTransformerOptions(embed_dim=16, layers=2, attention_heads=2, max_positions=8, **kw))
+        with torch.no_grad():
+            ref = star.eval()(x)[0]
+            return (star.train()(x)[0] - ref).abs().max().item()
+
+    assert train_vs_eval(dropout=0.0) == 0.0  # -1: follows --dropout = 0
+    assert train_vs_eval(dropout=0.0, block_dropout=0.5) > 0.1
+    assert train_vs_eval(dropout=0.5, block_dropout=0.0) > 0.1  # the embeddings are still dropped
+    model, _ = build("star_transformer", TINY + ["--dropout", "0.3", "--star-block-dropout", "0"])
+    assert all(c.block_dropout == 0.0 for c in model.encoder.star.cycles)
+    assert model.encoder.star.options.dropout == 0.3

@@ -12,6 +12,7 @@ SHARED_DATA=${SHARED_DATA:-$ROOT/../shared/data}   # the datasets (shared/data);
 PY=${PYTHON:-python}; BIN=$(dirname "$(command -v "$PY")")
 CLASSES=${CLASSES:-5}; MAX_UPDATE=${MAX_UPDATE:-2680}; SEED=${SEED:-1}
 LR_STAR=${LR_STAR:-1e-3}; LR_TRANSFORMER=${LR_TRANSFORMER:-1e-3}; MODELS=${MODELS:-star transformer}
+STAR_ARGS=${STAR_ARGS:-}; TAG=${TAG:-}   # extra flags of the Star model; TAG names the run
 RAW=${RAW:-$SHARED_DATA/sst/stsa}; WORK=${WORK:-$ROOT/benchmarks/work/sst$CLASSES}
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} MKL_NUM_THREADS=${MKL_NUM_THREADS:-1}
 [ -d "$WORK/bin" ] || "$PY" "$ROOT/preprocess/sst_prepare.py" --raw "$RAW" --classes "$CLASSES" --dest "$WORK/bin"
@@ -25,7 +26,7 @@ train_eval() {  # model, lr, extra args...
   local model=$1 lr=$2; shift 2
   case " $MODELS " in *" $model "*) ;; *) return 0 ;; esac
   local name start end
-  name=${model}_lr${lr}_u$MAX_UPDATE
+  name=${model}_lr${lr}_u$MAX_UPDATE${TAG:+_$TAG}
   start=$(date +%s)
   "$BIN/fairseq-train" "$WORK/bin" "${COMMON[@]}" --lr "$lr" --save-dir "$WORK/ck_$name" "$@" \
       > "$WORK/train_$name.log" 2>&1
@@ -39,6 +40,6 @@ train_eval() {  # model, lr, extra args...
   test=$(grep "valid on 'test'" "$WORK/test_$name.log" | sed -E 's/.*accuracy ([0-9.]+).*/\1/')
   echo "SST-$CLASSES $model lr $lr: best dev acc $dev, test acc (best-dev checkpoint) $test, updates $MAX_UPDATE, train wall $((end-start)) s"
 }
-train_eval star "$LR_STAR" --arch star_transformer_sst "${VEC[@]}"
+train_eval star "$LR_STAR" --arch star_transformer_sst $STAR_ARGS "${VEC[@]}"
 train_eval transformer "$LR_TRANSFORMER" --arch roberta --encoder-layers 2 --encoder-embed-dim 300 \
     --encoder-ffn-embed-dim 1200 --encoder-attention-heads 6 --init-token 0 --pooler-activation-fn tanh

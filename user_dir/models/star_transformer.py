@@ -51,6 +51,9 @@ class StarTransformerConfig(FairseqDataclass):
     max_positions: int = field(default=512, metadata={"help": "size of the learned position table"})
     dropout: float = field(default=0.1, metadata={"help": "embedding and block-output dropout"})
     attention_dropout: float = field(default=0.0, metadata={"help": "dropout on attention weights"})
+    star_block_dropout: float = field(default=-1.0, metadata={
+        "help": "dropout on each Star block's output before its norm; < 0: --dropout (Tencent's code), "
+                "0: embedding dropout only (fastNLP)"})
     star_activation: ACTIVATION_CHOICES = field(default="relu", metadata={"help": "relu (paper) or leaky_relu (fastNLP)"})
     star_norm_position: NORM_CHOICES = field(default="post", metadata={"help": "post (paper) or pre (fastNLP)"})
     star_no_relay_norm: bool = field(default=False, metadata={
@@ -151,7 +154,8 @@ class StarTransformerEncoder(FairseqEncoder):
         self.star = StarTransformer(StarTransformerOptions(
             embed_dim=d, layers=cfg.encoder_layers, attention_heads=cfg.encoder_attention_heads,
             head_dim=cfg.encoder_head_dim, max_positions=cfg.max_positions, dropout=cfg.dropout,
-            attention_dropout=cfg.attention_dropout, activation=cfg.star_activation,
+            attention_dropout=cfg.attention_dropout, block_dropout=cfg.star_block_dropout,
+            activation=cfg.star_activation,
             norm_position=cfg.star_norm_position, relay_norm=not cfg.star_no_relay_norm,
             ring_wrap=not cfg.star_no_ring_wrap, ring_mask_pads=not cfg.star_unmasked_ring_pads,
             relay_init_mask_pads=not cfg.star_unmasked_relay_init, residual=cfg.star_residual,
@@ -403,6 +407,7 @@ def star_transformer_fastnlp(args):
     _set(args, "layernorm_eps", 1e-6)
     _set(args, "sentence_pooling", "mean")
     _set(args, "init_std", 0.05)
+    _set(args, "star_block_dropout", 0.0)
     star_transformer_sst(args)
 
 

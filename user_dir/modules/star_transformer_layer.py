@@ -28,6 +28,9 @@ Where this module sits among the readings (design notes REFERENCE.md §1):
 * **Deeper stacks** (fastNLP issue #267, the first author's advice): ``residual``,
   ``ffn_dim`` (> 0 adds a position-wise FFN sub-layer to satellites and relay) and
   ``init_std`` (> 0: all projections ~ N(0, init_std), biases 0; fastNLP uses 0.05).
+* **Dropout** (``block_dropout``): the paper does not say where; Tencent's code drops each
+  block's activation output before the LayerNorm (default: the ``dropout`` rate), fastNLP
+  only the input embeddings (``block_dropout=0``).
 * Heads: ``head_dim`` may differ from ``d / heads`` (fastNLP's 1×1-conv projections map
   d → heads·head_dim), default ``d // heads``.
 
@@ -68,6 +71,7 @@ class StarTransformerOptions:
     head_dim: int = 0  # 0: embed_dim // attention_heads
     max_positions: int = 512  # 0: no position embeddings
     dropout: float = 0.1  # embedding dropout and block-output dropout
+    block_dropout: float = -1.0  # dropout on each block's output; < 0: = dropout (Tencent), 0: fastNLP
     attention_dropout: float = 0.0
     activation: str = "relu"  # relu (paper) | leaky_relu (fastNLP)
     norm_position: str = "post"  # post (paper) | pre (fastNLP)
@@ -86,7 +90,7 @@ class StarTransformerOptions:
         """Flags that reproduce fastNLP 1.0.1 ``StarTransformer`` exactly."""
         base = dict(activation="leaky_relu", norm_position="pre", relay_norm=False, ring_wrap=False,
                     ring_mask_pads=False, relay_init_mask_pads=False, layernorm_eps=1e-6,
-                    attention_dropout=0.0)
+                    attention_dropout=0.0, block_dropout=0.0)
         base.update(kw)
         return cls(**base)
 
@@ -399,6 +403,7 @@ class StarTransformerCycle(nn.Module):
         super().__init__()
         self.o = o
         d = o.embed_dim
+        self.block_dropout = o.dropout if o.block_dropout < 0 else o.block_dropout
         self.act = ACTIVATIONS[o.activation]
         self.ring_attn = RingAttention(d, o.attention_heads, head_dim, o.attention_dropout)
         self.relay_attn = RelayAttention(d, o.attention_heads, head_dim, o.attention_dropout)
@@ -415,14 +420,14 @@ class StarTransformerCycle(nn.Module):
         """act(f(.)) with the configured norm placement, dropout and optional residual."""
         pre, post = self.o.norm_position == "pre", self.o.norm_position == "post"
         y = fn(norm(x) if (pre and norm is not None) else x)
-        y = F.dropout(self.act(y), self.o.dropout, self.training)
+        y = F.dropout(self.act(y), self.block_dropout, self.training)
         if self.o.residual:
             y = x + y
         return norm(y) if (post and norm is not None) else y
 
     def _ffn(self, x, ffn, norm):
         pre, post = self.o.norm_position == "pre", self.o.norm_position == "post"
-        y = F.dropout(ffn(norm(x) if (pre and norm is not None) else x), self.o.dropout, self.training)
+        y = F.dropout(ffn(norm(x) if (pre and norm is not None) else x), self.block_dropout, self.training)
         y = x + y
         return norm(y) if (post and norm is not None) else y
 
