@@ -366,3 +366,17 @@ def test_block_dropout_flag():
     model, _ = build("star_transformer", TINY + ["--dropout", "0.3", "--star-block-dropout", "0"])
     assert all(c.block_dropout == 0.0 for c in model.encoder.star.cycles)
     assert model.encoder.star.options.dropout == 0.3
+
+
+def test_checkpoint_config_without_block_dropout_loads():
+    """Checkpoints saved before --star-block-dropout existed (their model config lacks it) still build."""
+    from omegaconf import open_dict
+
+    from tests.helpers.models import parse_cfg
+    from user_dir.models.star_transformer import StarTransformerEncoder
+
+    cfg = parse_cfg("star_transformer", extra=TINY + ["--user-dir", "user_dir"]).model
+    with open_dict(cfg):
+        del cfg["star_block_dropout"]
+    encoder = StarTransformerEncoder(cfg, toy_dictionary())
+    assert all(c.block_dropout == 0.0 for c in encoder.star.cycles)  # follows --dropout 0

@@ -154,7 +154,8 @@ class StarTransformerEncoder(FairseqEncoder):
         self.star = StarTransformer(StarTransformerOptions(
             embed_dim=d, layers=cfg.encoder_layers, attention_heads=cfg.encoder_attention_heads,
             head_dim=cfg.encoder_head_dim, max_positions=cfg.max_positions, dropout=cfg.dropout,
-            attention_dropout=cfg.attention_dropout, block_dropout=cfg.star_block_dropout,
+            attention_dropout=cfg.attention_dropout,
+            block_dropout=utils.safe_getattr(cfg, "star_block_dropout", -1.0),  # absent in older checkpoints
             activation=cfg.star_activation,
             norm_position=cfg.star_norm_position, relay_norm=not cfg.star_no_relay_norm,
             ring_wrap=not cfg.star_no_ring_wrap, ring_mask_pads=not cfg.star_unmasked_ring_pads,
