@@ -2,9 +2,9 @@
 # SST-5 / SST-2: Star-Transformer vs fairseq's Transformer encoder (roberta arch, equal size), same budget.
 #   CLASSES=5 bash examples/star_transformer/run_sst.sh          # full budget: 20 epochs ~ 2680 updates (bsz 64)
 #   CLASSES=2 MAX_UPDATE=300 bash examples/star_transformer/run_sst.sh   # reduced budget
-# LR_STAR / LR_TRANSFORMER: Adam learning rates, default 1e-3 for both (the better point of the grid
-# {1e-4, 1e-3} for both models, see docs/star_transformer.md "Learning rate"; the fastNLP reproduction
-# uses 1e-4 with GloVe).  MODELS="star transformer" (default) or one of them (to run the two in parallel).
+# LR_STAR / LR_TRANSFORMER: Adam learning rates, default 1e-3 for both.  Grid {1e-4, 1e-3} for both on SST-5
+# at 400 updates (random embeddings): Star dev 27.3 / 37.6, Transformer dev 37.6 / 37.1 (test 35.7 / 38.8);
+# see docs/star_transformer.md "Learning rate".  The fastNLP reproduction uses 1e-4 with frozen GloVe.  MODELS="star transformer" (default) or one of them (to run the two in parallel).
 # Pre-trained vectors (paper: GloVe 840B, frozen): VECTORS=/path/glove.840B.300d.txt
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
