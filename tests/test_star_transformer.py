@@ -288,3 +288,95 @@ def test_checkpoint_activations_same_gradients():
     assert len(grads[0]) == len(grads[1]) > 0
     for a, b in zip(*grads):
         assert torch.allclose(a, b, atol=1e-5)
+
+
+@pytest.mark.parametrize("wrap,mask_pads,p_drop", [(True, True, 0.0), (True, False, 0.3), (False, True, 0.3),
+                                                   (False, False, 0.0)])
+def test_fused_ring_attention_matches_autograd(wrap, mask_pads, p_drop):
+    """The hand-written backward of the ring core (_RingCore) gives autograd's outputs and gradients."""
+    from user_dir.modules.star_transformer_layer import RingAttention, _Ring
+
+    torch.manual_seed(0)
+    B, n, d, heads, dh = 3, 7, 12, 3, 5
+    ra = RingAttention(d, heads, dh, p_drop).double().train()
+    for p in ra.parameters():
+        torch.nn.init.normal_(p, 0.0, 0.3)
+    pad = torch.zeros(B, n, dtype=torch.bool)
+    pad[1, 5:] = True  # right padding
+    pad[2, :2] = True  # left and right padding
+    pad[2, 6:] = True
+    ring = _Ring(pad, B, n, "cpu", wrap, mask_pads)
+    inputs = [torch.randn(B, n, d, dtype=torch.double), torch.randn(B, n, d, dtype=torch.double),
+              torch.randn(B, 1, d, dtype=torch.double)]
+    g = torch.randn(B, n, d, dtype=torch.double)
+    results = []
+    for fused in (True, False):
+        ra.fused = fused
+        ra.zero_grad()
+        xs = [x.clone().requires_grad_() for x in inputs]
+        torch.manual_seed(1)  # same attention-dropout mask
+        y = ra(*xs, ring)
+        (y * g).sum().backward()
+        results.append([y.detach()] + [x.grad for x in xs] + [p.grad.clone() for p in ra.parameters()])
+    assert len(results[0]) == 3 + 1 + 8
+    for a, b in zip(*results):
+        assert torch.allclose(a, b, atol=1e-10), (a - b).abs().max()
+
+
+def test_fused_ring_attention_keeps_little_for_backward():
+    """_RingCore saves only its inputs and the 5-way probabilities, not the six n x d projections."""
+    from user_dir.modules.star_transformer_layer import RingAttention, _Ring
+
+    B, n, d, heads = 1, 64, 32, 4
+    ra = RingAttention(d, heads, d // heads).train()
+    h, e, s = torch.randn(B, n, d, requires_grad=True), torch.randn(B, n, d), torch.randn(B, 1, d)
+    known = {t.untyped_storage().data_ptr() for t in [h, e, s, *ra.parameters()]}
+    ring = _Ring(None, B, n, "cpu", True, True)
+    saved = {}
+    for fused in (True, False):
+        ra.fused = fused
+        kept = {}
+
+        def pack(t):
+            if t.untyped_storage().data_ptr() not in known:
+                kept[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            ra(h, e, s, ring)
+        saved[fused] = sum(kept.values()) / (n * d * 4)  # in units of one n x d float tensor
+    assert saved[True] <= 5 / (d // heads) + 0.01  # the probabilities only
+    assert saved[False] >= 5  # q, k, v, k(e), v(e), attention output ...
+
+
+def test_block_dropout_flag():
+    """--star-block-dropout: < 0 follows --dropout, 0 leaves only the embedding dropout (fastNLP)."""
+    x = torch.randn(2, 6, 16)
+
+    def train_vs_eval(**kw):
+        torch.manual_seed(0)
+        star = StarTransformer(StarTransformerOptions(embed_dim=16, layers=2, attention_heads=2, max_positions=8, **kw))
+        with torch.no_grad():
+            ref = star.eval()(x)[0]
+            return (star.train()(x)[0] - ref).abs().max().item()
+
+    assert train_vs_eval(dropout=0.0) == 0.0  # -1: follows --dropout = 0
+    assert train_vs_eval(dropout=0.0, block_dropout=0.5) > 0.1
+    assert train_vs_eval(dropout=0.5, block_dropout=0.0) > 0.1  # the embeddings are still dropped
+    model, _ = build("star_transformer", TINY + ["--dropout", "0.3", "--star-block-dropout", "0"])
+    assert all(c.block_dropout == 0.0 for c in model.encoder.star.cycles)
+    assert model.encoder.star.options.dropout == 0.3
+
+
+def test_checkpoint_config_without_block_dropout_loads():
+    """Checkpoints saved before --star-block-dropout existed (their model config lacks it) still build."""
+    from omegaconf import open_dict
+
+    from tests.helpers.models import parse_cfg
+    from user_dir.models.star_transformer import StarTransformerEncoder
+
+    cfg = parse_cfg("star_transformer", extra=TINY + ["--user-dir", "user_dir"]).model
+    with open_dict(cfg):
+        del cfg["star_block_dropout"]
+    encoder = StarTransformerEncoder(cfg, toy_dictionary())
+    assert all(c.block_dropout == 0.0 for c in encoder.star.cycles)  # follows --dropout 0

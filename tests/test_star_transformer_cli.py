@@ -42,16 +42,24 @@ def sst_bin(tmp_path_factory):
     return dest
 
 
-def test_sst_hydra_yaml_then_validate(sst_bin, tmp_path):
-    """sentence_prediction: fairseq-hydra-train with examples/star_transformer/sst5.yaml, then fairseq-validate."""
+@pytest.fixture(scope="module")
+def sst_hydra_run(sst_bin, tmp_path_factory):
+    """fairseq-hydra-train with examples/star_transformer/sst5.yaml (tiny overrides): (checkpoint dir, log)."""
+    tmp = tmp_path_factory.mktemp("sst_hydra")
     out = cli.run([cli.tool("fairseq-hydra-train"), "--config-dir", os.path.join(cli.ROOT, "examples/star_transformer"),
                    "--config-name", "sst5", f"task.data={sst_bin}", f"common.user_dir={cli.USER_DIR}",
                    "model.encoder_embed_dim=16", "model.encoder_attention_heads=2", "model.encoder_head_dim=0",
                    "model.classifier_hidden_dim=8", "optimization.max_update=2", "dataset.batch_size=8",
-                   f"checkpoint.save_dir={tmp_path / 'ck'}", f"hydra.run.dir={tmp_path / 'run'}"])
-    assert "valid on 'test' subset" in out.stdout + out.stderr
+                   f"checkpoint.save_dir={tmp / 'ck'}", f"hydra.run.dir={tmp / 'run'}"])
+    return tmp / "ck", out.stdout + out.stderr
+
+
+def test_sst_hydra_yaml_then_validate(sst_bin, sst_hydra_run):
+    """sentence_prediction: fairseq-hydra-train with examples/star_transformer/sst5.yaml, then fairseq-validate."""
+    ck, log = sst_hydra_run
+    assert "valid on 'test' subset" in log
     out = cli.fairseq("validate", sst_bin, "--task", "sentence_prediction", "--criterion", "sentence_prediction",
-                      "--num-classes", 5, "--path", tmp_path / "ck" / "checkpoint_last.pt", "--valid-subset", "test",
+                      "--num-classes", 5, "--path", ck / "checkpoint_last.pt", "--valid-subset", "test",
                       "--batch-size", 8, "--cpu")
     assert 0.0 <= _metric(out.stdout + out.stderr, "accuracy") <= 100.0
 
@@ -190,3 +198,33 @@ def test_nmt_padding_incremental_and_generate(toy_translation_bin, tmp_path):
                       "--max-len-b", 10, "--cpu", "--gen-subset", "valid")
     hyps = [line for line in out.stdout.splitlines() if line.startswith("H-")]
     assert len(hyps) > 10
+
+
+def test_hub_from_pretrained(sst_bin, sst_hydra_run):
+    """StarTransformerModel.from_pretrained: checkpoint dir + data -> predict / extract_features, as RoBERTa's hub."""
+    from user_dir.models.star_transformer import StarTransformerModel
+
+    ck, _ = sst_hydra_run
+    hub = StarTransformerModel.from_pretrained(str(ck), checkpoint_file="checkpoint_last.pt",
+                                               data_name_or_path=str(sst_bin)).eval()
+    head = "sentence_classification_head"
+    sentences = ["good movie", "the plot was dull and the film awful", "nice"]
+    tokens = [hub.encode(s) for s in sentences]
+    assert hub.decode(tokens[0]) == "good movie"
+    with torch.no_grad():
+        batch = hub.predict(head, tokens)
+        single = torch.cat([hub.predict(head, t) for t in tokens])
+        logits = hub.predict(head, tokens[1], return_logits=True)
+        feats = hub.extract_features(tokens)
+    assert batch.shape == (3, 5)
+    assert torch.allclose(batch.exp().sum(-1), torch.ones(3), atol=1e-5)
+    assert torch.allclose(batch, single, atol=1e-5)  # padding in the batch changes nothing
+    assert torch.allclose(logits.log_softmax(-1), single[1], atol=1e-5)
+    assert feats.shape == (3, len(tokens[1]), 16)
+    assert hub.predict_label(head, sentences[0]) in {str(c) for c in range(5)}
+    # the hub runs the same model fairseq-train saved: same logits as the checkpoint loaded by hand
+    state = torch.load(ck / "checkpoint_last.pt", weights_only=False)["model"]
+    assert torch.equal(state["classification_heads.sentence_classification_head.out_proj.weight"],
+                       hub.model.classification_heads[head].out_proj.weight)
+    with pytest.raises(KeyError, match="no classification head"):
+        hub.predict("nope", tokens[0])

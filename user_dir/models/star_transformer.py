@@ -51,6 +51,9 @@ class StarTransformerConfig(FairseqDataclass):
     max_positions: int = field(default=512, metadata={"help": "size of the learned position table"})
     dropout: float = field(default=0.1, metadata={"help": "embedding and block-output dropout"})
     attention_dropout: float = field(default=0.0, metadata={"help": "dropout on attention weights"})
+    star_block_dropout: float = field(default=-1.0, metadata={
+        "help": "dropout on each Star block's output before its norm; < 0: --dropout (Tencent's code), "
+                "0: embedding dropout only (fastNLP)"})
     star_activation: ACTIVATION_CHOICES = field(default="relu", metadata={"help": "relu (paper) or leaky_relu (fastNLP)"})
     star_norm_position: NORM_CHOICES = field(default="post", metadata={"help": "post (paper) or pre (fastNLP)"})
     star_no_relay_norm: bool = field(default=False, metadata={
@@ -151,7 +154,9 @@ class StarTransformerEncoder(FairseqEncoder):
         self.star = StarTransformer(StarTransformerOptions(
             embed_dim=d, layers=cfg.encoder_layers, attention_heads=cfg.encoder_attention_heads,
             head_dim=cfg.encoder_head_dim, max_positions=cfg.max_positions, dropout=cfg.dropout,
-            attention_dropout=cfg.attention_dropout, activation=cfg.star_activation,
+            attention_dropout=cfg.attention_dropout,
+            block_dropout=utils.safe_getattr(cfg, "star_block_dropout", -1.0),  # absent in older checkpoints
+            activation=cfg.star_activation,
             norm_position=cfg.star_norm_position, relay_norm=not cfg.star_no_relay_norm,
             ring_wrap=not cfg.star_no_ring_wrap, ring_mask_pads=not cfg.star_unmasked_ring_pads,
             relay_init_mask_pads=not cfg.star_unmasked_relay_init, residual=cfg.star_residual,
@@ -286,6 +291,19 @@ class StarTransformerModel(FairseqEncoderModel):
             return cls(cfg, BaselineTransformerEncoder(cfg, dictionary))
         return cls(cfg, StarTransformerEncoder(cfg, dictionary))
 
+    @classmethod
+    def from_pretrained(cls, model_name_or_path, checkpoint_file="model.pt", data_name_or_path=".", **kwargs):
+        """Loads a checkpoint directory (+ its binarised data) into a
+        :class:`~user_dir.models.star_transformer_hub.StarTransformerHubInterface`
+        (``encode``, ``predict``, ``predict_label``, ``extract_features``), as RoBERTa's does."""
+        from fairseq import hub_utils
+
+        from .star_transformer_hub import StarTransformerHubInterface
+
+        x = hub_utils.from_pretrained(model_name_or_path, checkpoint_file, data_name_or_path,
+                                      archive_map=cls.hub_models(), **kwargs)
+        return StarTransformerHubInterface(x["args"], x["task"], x["models"][0])
+
     # ----------------------------------------------------------------- heads
     def register_classification_head(self, name, num_classes=None, inner_dim=None, input_multiplier=1, **kwargs):
         """RoBERTa's interface (used by fairseq's ``sentence_prediction`` task).
@@ -390,6 +408,7 @@ def star_transformer_fastnlp(args):
     _set(args, "layernorm_eps", 1e-6)
     _set(args, "sentence_pooling", "mean")
     _set(args, "init_std", 0.05)
+    _set(args, "star_block_dropout", 0.0)
     star_transformer_sst(args)
 
 

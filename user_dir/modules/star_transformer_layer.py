@@ -28,6 +28,9 @@ Where this module sits among the readings (design notes REFERENCE.md §1):
 * **Deeper stacks** (fastNLP issue #267, the first author's advice): ``residual``,
   ``ffn_dim`` (> 0 adds a position-wise FFN sub-layer to satellites and relay) and
   ``init_std`` (> 0: all projections ~ N(0, init_std), biases 0; fastNLP uses 0.05).
+* **Dropout** (``block_dropout``): the paper does not say where; Tencent's code drops each
+  block's activation output before the LayerNorm (default: the ``dropout`` rate), fastNLP
+  only the input embeddings (``block_dropout=0``).
 * Heads: ``head_dim`` may differ from ``d / heads`` (fastNLP's 1×1-conv projections map
   d → heads·head_dim), default ``d // heads``.
 
@@ -37,8 +40,17 @@ slicing the projected tensors along the sequence axis, so no n×n tensor and no 
 copy of the five context vectors exist: the scores are a (B, n, H, 5) tensor and the
 weighted sum is accumulated in place.  The relay's single query is folded into its key
 and value projections (:class:`RelayAttention`), so the relay step is O(n d H) and stores
-no projected copy of H.  ``checkpoint_cycles`` recomputes each cycle during the backward
-pass, keeping only the cycle inputs (about one n x d tensor per cycle).
+no projected copy of H.
+
+Activation memory: the ring core (five scores, softmax, weighted sum, W^O) is one
+autograd Function (:class:`_RingCore`) with a hand-written backward.  It keeps only its
+inputs (h^{t-1}, which is the previous cycle's output, and e, shared by all cycles) and the
+B x n x H x 5 probabilities, and recomputes the five projections q, k, v, k(e), v(e) in
+the backward pass — five extra n x d x d products per cycle instead of keeping six n x d
+tensors.  A cycle then keeps about 2 n·d values (the activation output and the normed
+output) against ~8 n·d through plain autograd (``RingAttention.fused = False``, kept as the
+reference implementation).  ``checkpoint_cycles`` recomputes each whole cycle during the
+backward pass, keeping only the cycle inputs (about one n x d tensor per cycle).
 """
 from dataclasses import dataclass
 from typing import Optional
@@ -59,6 +71,7 @@ class StarTransformerOptions:
     head_dim: int = 0  # 0: embed_dim // attention_heads
     max_positions: int = 512  # 0: no position embeddings
     dropout: float = 0.1  # embedding dropout and block-output dropout
+    block_dropout: float = -1.0  # dropout on each block's output; < 0: = dropout (Tencent), 0: fastNLP
     attention_dropout: float = 0.0
     activation: str = "relu"  # relu (paper) | leaky_relu (fastNLP)
     norm_position: str = "post"  # post (paper) | pre (fastNLP)
@@ -77,7 +90,7 @@ class StarTransformerOptions:
         """Flags that reproduce fastNLP 1.0.1 ``StarTransformer`` exactly."""
         base = dict(activation="leaky_relu", norm_position="pre", relay_norm=False, ring_wrap=False,
                     ring_mask_pads=False, relay_init_mask_pads=False, layernorm_eps=1e-6,
-                    attention_dropout=0.0)
+                    attention_dropout=0.0, block_dropout=0.0)
         base.update(kw)
         return cls(**base)
 
@@ -107,7 +120,7 @@ class _Ring:
             idx = torch.arange(n, device=device).expand(B, n)
             self.first = torch.where(real, idx, n).min(1).values.clamp(max=n - 1)
             self.last = torch.where(real, idx, -1).max(1).values.clamp(min=0)
-            rows = torch.arange(B, device=device)
+            rows = self.rows = torch.arange(B, device=device)
             left = left.clone()
             right = right.clone()
             left[rows, self.first] = False
@@ -128,6 +141,143 @@ def _dot(a, b):
     return (a * b).sum(-1)
 
 
+class _RingCore(torch.autograd.Function):
+    """Ring attention of one cycle with a hand-written backward that keeps almost nothing.
+
+    Forward: the five scores q_i . [k_{i-1}, k_i, k_{i+1}, k(e_i), k(s)], their softmax and the
+    weighted sum of the values, then W^O — exactly :meth:`RingAttention.forward_autograd`.
+    Saved for backward: the inputs (h, e, s: h is the previous cycle's output and e is shared
+    by all cycles, so they are kept anyway), the weights and the 5-way probabilities
+    (B x n x H x 5, i.e. 5/head_dim of one n x d tensor).  Backward recomputes the five
+    projections q, k, v, k(e), v(e) (five n x d x d products) and the attention output,
+    instead of keeping those six n x d tensors alive between forward and backward.
+    """
+
+    @staticmethod
+    def _project(h, emb, relay, wq, bq, wk, bk, wv, bv, H, dh):
+        B, n, _ = h.shape
+        split = lambda x: x.view(*x.shape[:-1], H, dh)  # noqa: E731
+        q = split(F.linear(h, wq, bq)).mul_(dh ** -0.5)
+        return (q, split(F.linear(h, wk, bk)), split(F.linear(h, wv, bv)), split(F.linear(emb, wk, bk)),
+                split(F.linear(emb, wv, bv)), split(F.linear(relay, wk, bk)), split(F.linear(relay, wv, bv)))
+
+    @staticmethod
+    def _attend(pd, v, ve, vs, ring):
+        """sum over the five slots of pd_slot * value_slot -> (B, n, H, dh)."""
+        out = pd[..., 1:2] * v
+        out.addcmul_(pd[..., 3:4], ve).addcmul_(pd[..., 4:5], vs)
+        pl, pr = pd[..., 0:1], pd[..., 2:3]
+        if ring.wrap:
+            pl, pr = pl.masked_fill(ring.is_first, 0.0), pr.masked_fill(ring.is_last, 0.0)
+        out[:, 1:].addcmul_(pl[:, 1:], v[:, :-1])
+        out[:, :-1].addcmul_(pr[:, :-1], v[:, 1:])
+        if ring.wrap:
+            rows, f, l_ = ring.rows, ring.first, ring.last
+            out.index_put_((rows, f), pd[rows, f, :, 0:1] * v[rows, l_], accumulate=True)
+            out.index_put_((rows, l_), pd[rows, l_, :, 2:3] * v[rows, f], accumulate=True)
+        return out
+
+    @staticmethod
+    def forward(ctx, h, emb, relay, wq, bq, wk, bk, wv, bv, wo, bo, ring, heads, head_dim, p_drop, training):
+        B, n, _ = h.shape
+        q, k, v, ke, ve, ks, vs = _RingCore._project(h, emb, relay, wq, bq, wk, bk, wv, bv, heads, head_dim)
+        scores = torch.empty(B, n, heads, 5, dtype=q.dtype, device=q.device)
+        scores[..., 1] = _dot(q, k)
+        scores[..., 3] = _dot(q, ke)
+        scores[..., 4] = _dot(q, ks)
+        scores[..., 0] = F.pad(_dot(q[:, 1:], k[:, :-1]), (0, 0, 1, 0))
+        scores[..., 2] = F.pad(_dot(q[:, :-1], k[:, 1:]), (0, 0, 0, 1))
+        if ring.wrap:
+            rows, f, l_ = ring.rows, ring.first, ring.last
+            scores[rows, f, :, 0] = _dot(q[rows, f], k[rows, l_])
+            scores[rows, l_, :, 2] = _dot(q[rows, l_], k[rows, f])
+        if ring.left_missing is not None:
+            scores[..., 0].masked_fill_(ring.left_missing, float("-inf"))
+            scores[..., 2].masked_fill_(ring.right_missing, float("-inf"))
+        probs = scores.softmax(-1)
+        del scores
+        pd = F.dropout(probs, p_drop, training) if p_drop > 0 and training else probs
+        out = _RingCore._attend(pd, v, ve, vs, ring)
+        ctx.save_for_backward(h, emb, relay, wq, bq, wk, bk, wv, bv, wo, probs, pd)
+        ctx.ring, ctx.heads, ctx.head_dim = ring, heads, head_dim
+        return F.linear(out.view(B, n, -1), wo, bo)
+
+    @staticmethod
+    def backward(ctx, gy):
+        h, emb, relay, wq, bq, wk, bk, wv, bv, wo, probs, pd = ctx.saved_tensors
+        ring, H, dh = ctx.ring, ctx.heads, ctx.head_dim
+        B, n, d = h.shape
+        gy = gy.contiguous()
+        with torch.no_grad():
+            q, k, v, ke, ve, ks, vs = _RingCore._project(h, emb, relay, wq, bq, wk, bk, wv, bv, H, dh)
+            out = _RingCore._attend(pd, v, ve, vs, ring).view(B * n, H * dh)
+            gy2 = gy.view(B * n, d)
+            g_wo, g_bo = gy2.t().mm(out), gy2.sum(0)
+            del out
+            ga = gy2.mm(wo).view(B, n, H, dh)  # d loss / d attention output
+            # through the weighted sum: gradients of the (dropped-out) probabilities and of the values
+            g_pd = torch.empty_like(probs)
+            g_pd[..., 1] = _dot(ga, v)
+            g_pd[..., 3] = _dot(ga, ve)
+            g_pd[..., 4] = _dot(ga, vs)
+            g_pd[..., 0] = F.pad(_dot(ga[:, 1:], v[:, :-1]), (0, 0, 1, 0))
+            g_pd[..., 2] = F.pad(_dot(ga[:, :-1], v[:, 1:]), (0, 0, 0, 1))
+            pl, pr = pd[..., 0:1], pd[..., 2:3]
+            if ring.wrap:
+                rows, f, l_ = ring.rows, ring.first, ring.last
+                g_pd[rows, f, :, 0] = _dot(ga[rows, f], v[rows, l_])
+                g_pd[rows, l_, :, 2] = _dot(ga[rows, l_], v[rows, f])
+                pl, pr = pl.masked_fill(ring.is_first, 0.0), pr.masked_fill(ring.is_last, 0.0)
+            g_ve = pd[..., 3:4] * ga
+            g_vs = (pd[..., 4:5] * ga).sum(1, keepdim=True)
+            g_v = pd[..., 1:2] * ga
+            g_v[:, :-1].addcmul_(pl[:, 1:], ga[:, 1:])  # v_i is the left neighbour of i + 1
+            g_v[:, 1:].addcmul_(pr[:, :-1], ga[:, :-1])  # and the right neighbour of i - 1
+            if ring.wrap:
+                g_v.index_put_((rows, l_), pd[rows, f, :, 0:1] * ga[rows, f], accumulate=True)
+                g_v.index_put_((rows, f), pd[rows, l_, :, 2:3] * ga[rows, l_], accumulate=True)
+            del ga, v, ve, vs
+            # dropout on the probabilities, then the softmax
+            g_p = g_pd if pd is probs else g_pd * torch.where(probs > 0, pd / probs.clamp(min=1e-30), 0.0)
+            g_s = probs * (g_p - (g_p * probs).sum(-1, keepdim=True))
+            del g_pd, g_p
+            # through the scores q_i . key_slot
+            gl, gr = g_s[..., 0:1], g_s[..., 2:3]
+            g_q = g_s[..., 1:2] * k
+            g_q.addcmul_(g_s[..., 3:4], ke).addcmul_(g_s[..., 4:5], ks)
+            if ring.wrap:
+                gl, gr = gl.masked_fill(ring.is_first, 0.0), gr.masked_fill(ring.is_last, 0.0)
+            g_q[:, 1:].addcmul_(gl[:, 1:], k[:, :-1])
+            g_q[:, :-1].addcmul_(gr[:, :-1], k[:, 1:])
+            g_k = g_s[..., 1:2] * q
+            g_k[:, :-1].addcmul_(gl[:, 1:], q[:, 1:])
+            g_k[:, 1:].addcmul_(gr[:, :-1], q[:, :-1])
+            if ring.wrap:
+                g_q.index_put_((rows, f), g_s[rows, f, :, 0:1] * k[rows, l_], accumulate=True)
+                g_q.index_put_((rows, l_), g_s[rows, l_, :, 2:3] * k[rows, f], accumulate=True)
+                g_k.index_put_((rows, l_), g_s[rows, f, :, 0:1] * q[rows, f], accumulate=True)
+                g_k.index_put_((rows, f), g_s[rows, l_, :, 2:3] * q[rows, l_], accumulate=True)
+            g_ke = g_s[..., 3:4] * q
+            g_ks = (g_s[..., 4:5] * q).sum(1, keepdim=True)
+            del q, k, ke, ks, g_s
+            g_q.mul_(dh ** -0.5)
+            # through the projections
+            flat = lambda x: x.reshape(-1, H * dh)  # noqa: E731
+            h2, e2, s2 = h.reshape(-1, d), emb.reshape(-1, d), relay.reshape(-1, d)
+            g_q, g_k, g_v, g_ke, g_ve = flat(g_q), flat(g_k), flat(g_v), flat(g_ke), flat(g_ve)
+            g_ks, g_vs = flat(g_ks), flat(g_vs)
+            g_wq, g_bq = g_q.t().mm(h2), g_q.sum(0)
+            g_wk = g_k.t().mm(h2).addmm_(g_ke.t(), e2).addmm_(g_ks.t(), s2)
+            g_bk = g_k.sum(0) + g_ke.sum(0) + g_ks.sum(0)
+            g_wv = g_v.t().mm(h2).addmm_(g_ve.t(), e2).addmm_(g_vs.t(), s2)
+            g_bv = g_v.sum(0) + g_ve.sum(0) + g_vs.sum(0)
+            g_h = g_q.mm(wq).addmm_(g_k, wk).addmm_(g_v, wv).view(B, n, d)
+            g_emb = g_ke.mm(wk).addmm_(g_ve, wv).view(B, n, d)
+            g_relay = g_ks.mm(wk).addmm_(g_vs, wv).view(B, 1, d)
+        return (g_h, g_emb, g_relay, g_wq, g_bq, g_wk, g_bk, g_wv, g_bv, g_wo, g_bo,
+                None, None, None, None, None)
+
+
 class _Projections(nn.Module):
     """W^Q, W^K, W^V (d -> heads * head_dim, with bias, like fastNLP's 1x1 convs) and W^O."""
 
@@ -140,6 +290,7 @@ class _Projections(nn.Module):
         self.v_proj = nn.Linear(embed_dim, inner)
         self.out_proj = nn.Linear(inner, embed_dim)
         self.attention_dropout = attention_dropout
+        self.fused = True  # RingAttention: hand-written backward (see _RingCore)
 
 
 class RingAttention(_Projections):
@@ -149,7 +300,20 @@ class RingAttention(_Projections):
         return x.view(*x.shape[:-1], self.heads, self.head_dim)
 
     def forward(self, h, emb, relay, ring: _Ring):
-        """h, emb: (B, n, d); relay: (B, 1, d) -> (B, n, d)."""
+        """h, emb: (B, n, d); relay: (B, 1, d) -> (B, n, d).
+
+        With ``fused`` (default) the core runs as :class:`_RingCore` (same outputs and
+        gradients, far less activation memory); otherwise through plain autograd ops.
+        """
+        if self.fused:
+            return _RingCore.apply(h, emb, relay, self.q_proj.weight, self.q_proj.bias, self.k_proj.weight,
+                                   self.k_proj.bias, self.v_proj.weight, self.v_proj.bias, self.out_proj.weight,
+                                   self.out_proj.bias, ring, self.heads, self.head_dim, self.attention_dropout,
+                                   self.training)
+        return self.forward_autograd(h, emb, relay, ring)
+
+    def forward_autograd(self, h, emb, relay, ring: _Ring):
+        """Reference implementation of the same ring attention with autograd-tracked ops."""
         B, n, _ = h.shape
         q = self._split(self.q_proj(h)) * (self.head_dim ** -0.5)  # B n H dh
         k, v = self._split(self.k_proj(h)), self._split(self.v_proj(h))
@@ -239,6 +403,7 @@ class StarTransformerCycle(nn.Module):
         super().__init__()
         self.o = o
         d = o.embed_dim
+        self.block_dropout = o.dropout if o.block_dropout < 0 else o.block_dropout
         self.act = ACTIVATIONS[o.activation]
         self.ring_attn = RingAttention(d, o.attention_heads, head_dim, o.attention_dropout)
         self.relay_attn = RelayAttention(d, o.attention_heads, head_dim, o.attention_dropout)
@@ -255,14 +420,14 @@ class StarTransformerCycle(nn.Module):
         """act(f(.)) with the configured norm placement, dropout and optional residual."""
         pre, post = self.o.norm_position == "pre", self.o.norm_position == "post"
         y = fn(norm(x) if (pre and norm is not None) else x)
-        y = F.dropout(self.act(y), self.o.dropout, self.training)
+        y = F.dropout(self.act(y), self.block_dropout, self.training)
         if self.o.residual:
             y = x + y
         return norm(y) if (post and norm is not None) else y
 
     def _ffn(self, x, ffn, norm):
         pre, post = self.o.norm_position == "pre", self.o.norm_position == "post"
-        y = F.dropout(ffn(norm(x) if (pre and norm is not None) else x), self.o.dropout, self.training)
+        y = F.dropout(ffn(norm(x) if (pre and norm is not None) else x), self.block_dropout, self.training)
         y = x + y
         return norm(y) if (post and norm is not None) else y
 
