@@ -1,41 +1,5 @@
 #!/usr/bin/env bash
-# Multi30k En->De: capsule_transformer vs fairseq's transformer of identical size, same seed,
-# batch size and number of updates; beam-5 sacreBLEU on test_2016_flickr; wall time beside BLEU.
+# Multi30k En->De: capsule_transformer vs fairseq's transformer of identical size (issue 6's comparison).
 #   examples/capsule_transformer/multi30k_compare.sh [DATA_BIN] [WORK]
-# Full budget (the issue's): MAX_UPDATE=428 WARMUP=400 (defaults). Reduced budgets: set MAX_UPDATE
-# (and WARMUP) lower; ARCHS="transformer capsule_transformer" chooses the runs; EXTRA adds
-# capsule flags (e.g. EXTRA="--routing-iters 1"); SEED (default 1) sets the seed of both runs.
-set -euo pipefail
-cd "$(dirname "$0")/../.."
-PYTHON=${PYTHON:-.venv/bin/python}
-BIN=$(dirname "$PYTHON")
-DATA=${1:-data-bin/multi30k}
-WORK=${2:-work/multi30k_compare}
-MAX_UPDATE=${MAX_UPDATE:-428}
-WARMUP=${WARMUP:-400}
-ARCHS=${ARCHS:-"transformer capsule_transformer"}
-SEED=${SEED:-1}
-[ -f "$DATA/dict.en.txt" ] || { echo "multi30k_compare: no binarized data in $DATA (run prepare_multi30k.sh)" >&2; exit 2; }
-export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} MKL_NUM_THREADS=${MKL_NUM_THREADS:-1}
-mkdir -p "$WORK"
-for ARCH in $ARCHS; do
-  extra=()
-  [ "$ARCH" = capsule_transformer ] && extra=(${EXTRA:-})
-  start=$(date +%s)
-  "$BIN/fairseq-train" "$DATA" --user-dir user_dir --task translation --source-lang en --target-lang de \
-    --arch "$ARCH" --encoder-layers 3 --decoder-layers 3 --encoder-embed-dim 256 --decoder-embed-dim 256 \
-    --encoder-ffn-embed-dim 1024 --decoder-ffn-embed-dim 1024 --encoder-attention-heads 4 \
-    --decoder-attention-heads 4 --share-all-embeddings --dropout 0.1 "${extra[@]}" \
-    --optimizer adam --adam-betas '(0.9, 0.98)' --clip-norm 1.0 --lr 1e-3 --lr-scheduler inverse_sqrt \
-    --warmup-updates "$WARMUP" --criterion label_smoothed_cross_entropy --label-smoothing 0.1 \
-    --max-tokens 4096 --max-update "$MAX_UPDATE" --seed "$SEED" --save-dir "$WORK/$ARCH" --no-epoch-checkpoints \
-    --validate-interval 1000 --log-format simple --log-interval 25 --cpu --num-workers 0 \
-    > "$WORK/$ARCH.train.log" 2>&1
-  train_s=$(( $(date +%s) - start ))
-  "$BIN/fairseq-generate" "$DATA" --user-dir user_dir --path "$WORK/$ARCH/checkpoint_last.pt" \
-    --gen-subset test --beam 5 --batch-size 128 --remove-bpe subword_nmt --cpu > "$WORK/$ARCH.generate.txt"
-  bleu=$(grep ^H- "$WORK/$ARCH.generate.txt" | sort -V | cut -f3 > "$WORK/$ARCH.hyp" && \
-         grep ^T- "$WORK/$ARCH.generate.txt" | sort -V | cut -f2 > "$WORK/$ARCH.ref" && \
-         "$BIN/sacrebleu" "$WORK/$ARCH.ref" -i "$WORK/$ARCH.hyp" -b)
-  echo "$ARCH seed=$SEED updates=$MAX_UPDATE warmup=$WARMUP train_wall_s=$train_s test_2016_flickr_BLEU=$bleu" | tee -a "$WORK/results.txt"
-done
+# Variables as examples/translation/multi30k_compare.sh (EXTRA: capsule flags, e.g. "--routing-iters 1").
+ARCHS=${ARCHS:-"transformer capsule_transformer"} exec "$(dirname "$0")/../translation/multi30k_compare.sh" "$@"

@@ -105,31 +105,31 @@ def dynamic_routing(gram: Tensor, init_logits: Tensor, iters: int, size: Tensor,
     ``<C_m, s_n> = (G c)_{mn}`` and ``||s_n||² = Σ_m c_{mn} (G c)_{mn}``.
 
     Args:
-        gram: ``(..., M, M)`` Gram matrix of the ``M`` input capsules.
-        init_logits: ``(..., M, N)`` learned initial routing logits ``B⁰``.
+        gram: ``(G, M, M)`` Gram matrices of ``G`` groups of ``M`` input capsules.
+        init_logits: ``(G, M, N)`` or ``(M, N)`` (shared by the groups) learned
+            initial routing logits ``B⁰``.
         iters: number of routing iterations ``r`` (≥ 1).
         size: capsule size that norms are divided by, broadcastable to
-            ``(..., N)`` (1 for the literal L2 squash).
+            ``(G, N)`` (1 for the literal L2 squash).
         out_dim: the dimension of ``init_logits`` the couplings are normalised
             over: ``-1`` (output capsules, Sabour) or ``-2`` (input capsules).
-        visible: optional bool ``(..., M, N)``: input ``m`` may vote for output ``n``.
+        visible: optional bool ``(G, M, N)``: input ``m`` may vote for output ``n``.
 
     Returns ``(weights, couplings)``: ``Ω_n = Σ_m weights_{mn} C_m``.
     """
     logits, inv_size = init_logits, size.reciprocal()
     if inv_size.dim():
-        inv_size = inv_size.unsqueeze(-2)  # (..., 1, N)
-    mm = torch.bmm if gram.dim() == 3 else torch.matmul  # bmm: fewer dispatches per decoding step
+        inv_size = inv_size.unsqueeze(-2)  # (G, 1, N)
     for it in range(iters):
         if visible is not None:
             logits = logits.masked_fill(~visible, -1e4)
         couplings = torch.softmax(logits, dim=out_dim)
         if visible is not None:
             couplings = couplings * visible
-        if couplings.dim() < gram.dim():  # the shared initial logits, first iteration
-            couplings = couplings.expand(gram.shape[:-2] + couplings.shape[-2:])
-        agree = mm(gram, couplings)  # <C_m, s_n>
-        gain = squash_gain((couplings * agree).sum(-2, keepdim=True) * inv_size)  # (..., 1, N)
+        if couplings.dim() == 2:  # the shared initial logits, first iteration
+            couplings = couplings.expand(gram.size(0), -1, -1)
+        agree = torch.bmm(gram, couplings)  # <C_m, s_n>
+        gain = squash_gain((couplings * agree).sum(-2, keepdim=True) * inv_size)  # (G, 1, N)
         if it + 1 < iters:
             logits = torch.addcmul(logits, agree, gain * inv_size)
     return couplings * gain, couplings
