@@ -214,7 +214,8 @@ class _RingCore(torch.autograd.Function):
             c = min(a + m, n)
             lo_row, hi_row = a - halo, c + halo
             if ring.wrap:  # padding-free closed ring: the neighbours of the ends wrap around
-                rows = slice(lo_row, hi_row) if lo_row >= 0 and hi_row <= n else torch.arange(lo_row, hi_row, device=device) % n
+                inside = lo_row >= 0 and hi_row <= n
+                rows = slice(lo_row, hi_row) if inside else torch.arange(lo_row, hi_row, device=device) % n
                 lo = halo
             else:
                 rows, lo = slice(max(lo_row, 0), min(hi_row, n)), a - max(lo_row, 0)
