@@ -290,21 +290,15 @@ def test_checkpoint_activations_same_gradients():
         assert torch.allclose(a, b, atol=1e-5)
 
 
-@pytest.mark.parametrize("wrap,mask_pads,p_drop", [(True, True, 0.0), (True, False, 0.3), (False, True, 0.3),
-                                                   (False, False, 0.0)])
-def test_fused_ring_attention_matches_autograd(wrap, mask_pads, p_drop):
-    """The hand-written backward of the ring core (_RingCore) gives autograd's outputs and gradients."""
+def _fused_vs_autograd(B, n, pad, wrap, mask_pads, p_drop=0.0):
+    """Outputs and input/parameter gradients of RingAttention with _RingCore and with autograd."""
     from user_dir.modules.star_transformer_layer import RingAttention, _Ring
 
     torch.manual_seed(0)
-    B, n, d, heads, dh = 3, 7, 12, 3, 5
+    d, heads, dh = 12, 3, 5
     ra = RingAttention(d, heads, dh, p_drop).double().train()
     for p in ra.parameters():
         torch.nn.init.normal_(p, 0.0, 0.3)
-    pad = torch.zeros(B, n, dtype=torch.bool)
-    pad[1, 5:] = True  # right padding
-    pad[2, :2] = True  # left and right padding
-    pad[2, 6:] = True
     ring = _Ring(pad, B, n, "cpu", wrap, mask_pads)
     inputs = [torch.randn(B, n, d, dtype=torch.double), torch.randn(B, n, d, dtype=torch.double),
               torch.randn(B, 1, d, dtype=torch.double)]
@@ -321,6 +315,32 @@ def test_fused_ring_attention_matches_autograd(wrap, mask_pads, p_drop):
     assert len(results[0]) == 3 + 1 + 8
     for a, b in zip(*results):
         assert torch.allclose(a, b, atol=1e-10), (a - b).abs().max()
+
+
+@pytest.mark.parametrize("wrap,mask_pads,p_drop", [(True, True, 0.0), (True, False, 0.3), (False, True, 0.3),
+                                                   (False, False, 0.0)])
+def test_fused_ring_attention_matches_autograd(wrap, mask_pads, p_drop):
+    """The hand-written backward of the ring core (_RingCore) gives autograd's outputs and gradients."""
+    B, n = 3, 7
+    pad = torch.zeros(B, n, dtype=torch.bool)
+    pad[1, 5:] = True  # right padding
+    pad[2, :2] = True  # left and right padding
+    pad[2, 6:] = True
+    _fused_vs_autograd(B, n, pad, wrap, mask_pads, p_drop)
+
+
+@pytest.mark.parametrize("wrap,mask_pads", [(True, True), (True, False), (False, True), (False, False)])
+def test_fused_ring_attention_in_blocks_matches_autograd(wrap, mask_pads, monkeypatch):
+    """A long padding-free input runs through _RingCore block by block (with halo rows,
+    wrapping around for the closed ring): same outputs and gradients as autograd."""
+    from user_dir.modules.star_transformer_layer import _RingCore
+
+    monkeypatch.setattr(_RingCore, "block_rows", 4)
+    blocks = []
+    project = _RingCore._project
+    monkeypatch.setattr(_RingCore, "_project", staticmethod(lambda h, *a: blocks.append(h.shape[1]) or project(h, *a)))
+    _fused_vs_autograd(2, 23, None, wrap, mask_pads)  # 6 blocks, the last one short
+    assert len(blocks) == 12 and max(blocks) <= 4 + 2 * 2  # forward and backward went block by block
 
 
 def test_fused_ring_attention_keeps_little_for_backward():

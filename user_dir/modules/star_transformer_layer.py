@@ -109,6 +109,7 @@ class _Ring:
         self.wrap, self.mask_pads = wrap, mask_pads
         self.left_missing = self.right_missing = None
         self.first = self.last = None
+        self.uniform = pad_mask is None  # no padding: every sentence spans all n positions
         if not (wrap or mask_pads):
             return  # fastNLP: open ring, zero keys at the ends, pads unmasked
         pad = pad_mask if pad_mask is not None else torch.zeros(B, n, dtype=torch.bool, device=device)
@@ -141,6 +142,20 @@ def _dot(a, b):
     return (a * b).sum(-1)
 
 
+class _BlockRing:
+    """Neighbour bookkeeping of one block of rows cut out of a padding-free batch.
+
+    The block is processed with open ends (the neighbour beyond its first/last row is
+    missing); its caller adds halo rows so that the rows it keeps have all their neighbours.
+    ``left_missing``/``right_missing``: the ring's masks at the block's rows, or None.
+    """
+
+    wrap = False
+
+    def __init__(self, left_missing, right_missing):
+        self.left_missing, self.right_missing = left_missing, right_missing
+
+
 class _RingCore(torch.autograd.Function):
     """Ring attention of one cycle with a hand-written backward that keeps almost nothing.
 
@@ -151,7 +166,17 @@ class _RingCore(torch.autograd.Function):
     (B x n x H x 5, i.e. 5/head_dim of one n x d tensor).  Backward recomputes the five
     projections q, k, v, k(e), v(e) (five n x d x d products) and the attention output,
     instead of keeping those six n x d tensors alive between forward and backward.
+
+    Blocks along n: a long padding-free input (``n > block_rows``, no attention
+    dropout) is processed ``block_rows`` positions at a time, forward and backward, each
+    block with one (forward) or two (backward) halo rows per side taken from its ring
+    neighbours (wrapping around for a closed ring).  Every value is computed by the same
+    formulas as without blocks; only the working set changes — a block's projections,
+    scores and gradients stay in the CPU caches instead of streaming n x d temporaries
+    through memory, which made the time per token grow with n.
     """
+
+    block_rows = 512
 
     @staticmethod
     def _project(h, emb, relay, wq, bq, wk, bk, wv, bv, H, dh):
@@ -178,9 +203,30 @@ class _RingCore(torch.autograd.Function):
         return out
 
     @staticmethod
-    def forward(ctx, h, emb, relay, wq, bq, wk, bk, wv, bv, wo, bo, ring, heads, head_dim, p_drop, training):
-        B, n, _ = h.shape
-        q, k, v, ke, ve, ks, vs = _RingCore._project(h, emb, relay, wq, bq, wk, bk, wv, bv, heads, head_dim)
+    def _blocks(n, ring, blocked, halo, device):
+        """(a, c, rows, lo, block ring): rows [a, c) and their halo; ``rows`` indexes dim 1 and the
+        block's own rows start at ``lo`` in it.  Without ``blocked``: one block, the whole input."""
+        if not blocked:
+            yield 0, n, slice(None), 0, ring
+            return
+        m = _RingCore.block_rows
+        for a in range(0, n, m):
+            c = min(a + m, n)
+            lo_row, hi_row = a - halo, c + halo
+            if ring.wrap:  # padding-free closed ring: the neighbours of the ends wrap around
+                inside = lo_row >= 0 and hi_row <= n
+                rows = slice(lo_row, hi_row) if inside else torch.arange(lo_row, hi_row, device=device) % n
+                lo = halo
+            else:
+                rows, lo = slice(max(lo_row, 0), min(hi_row, n)), a - max(lo_row, 0)
+            masks = (None, None)
+            if ring.left_missing is not None and not ring.wrap:  # (with wrap and no padding nothing is masked)
+                masks = (ring.left_missing[:, rows], ring.right_missing[:, rows])
+            yield a, c, rows, lo, _BlockRing(*masks)
+
+    @staticmethod
+    def _probs(q, k, ke, ks, ring):
+        B, n, heads, _ = q.shape
         scores = torch.empty(B, n, heads, 5, dtype=q.dtype, device=q.device)
         scores[..., 1] = _dot(q, k)
         scores[..., 3] = _dot(q, ke)
@@ -194,85 +240,125 @@ class _RingCore(torch.autograd.Function):
         if ring.left_missing is not None:
             scores[..., 0].masked_fill_(ring.left_missing, float("-inf"))
             scores[..., 2].masked_fill_(ring.right_missing, float("-inf"))
-        probs = scores.softmax(-1)
-        del scores
-        pd = F.dropout(probs, p_drop, training) if p_drop > 0 and training else probs
-        out = _RingCore._attend(pd, v, ve, vs, ring)
-        ctx.save_for_backward(h, emb, relay, wq, bq, wk, bk, wv, bv, wo, probs, pd)
-        ctx.ring, ctx.heads, ctx.head_dim = ring, heads, head_dim
-        return F.linear(out.view(B, n, -1), wo, bo)
+        return scores.softmax(-1)
+
+    @staticmethod
+    def forward(ctx, h, emb, relay, wq, bq, wk, bk, wv, bv, wo, bo, ring, heads, head_dim, p_drop, training):
+        B, n, d = h.shape
+        drop = p_drop > 0 and training
+        blocked = not drop and getattr(ring, "uniform", False) and n > _RingCore.block_rows
+        if blocked:
+            probs = torch.empty(B, n, heads, 5, dtype=h.dtype, device=h.device)
+            y = torch.empty(B, n, wo.shape[0], dtype=h.dtype, device=h.device)
+        for a, c, rows, lo, bring in _RingCore._blocks(n, ring, blocked, 1, h.device):
+            q, k, v, ke, ve, ks, vs = _RingCore._project(h[:, rows], emb[:, rows], relay, wq, bq, wk, bk, wv, bv,
+                                                         heads, head_dim)
+            p = _RingCore._probs(q, k, ke, ks, bring)
+            pd = F.dropout(p, p_drop, training) if drop else p
+            out = _RingCore._attend(pd, v, ve, vs, bring)[:, lo:lo + c - a]
+            if not blocked:
+                probs, y = p, F.linear(out.reshape(B, n, -1), wo, bo)
+            else:
+                probs[:, a:c] = p[:, lo:lo + c - a]
+                y[:, a:c] = F.linear(out.reshape(B, c - a, -1), wo, bo)
+            del q, k, v, ke, ve, out
+        ctx.save_for_backward(h, emb, relay, wq, bq, wk, bk, wv, bv, wo, probs, pd if drop else probs)
+        ctx.ring, ctx.heads, ctx.head_dim, ctx.blocked = ring, heads, head_dim, blocked
+        return y
 
     @staticmethod
     def backward(ctx, gy):
-        h, emb, relay, wq, bq, wk, bk, wv, bv, wo, probs, pd = ctx.saved_tensors
-        ring, H, dh = ctx.ring, ctx.heads, ctx.head_dim
+        h, emb, relay, wq, bq, wk, bk, wv, bv, wo, probs_all, pd_all = ctx.saved_tensors
+        H, dh = ctx.heads, ctx.head_dim
         B, n, d = h.shape
         gy = gy.contiguous()
+        g_wq, g_wk, g_wv, g_wo = (torch.zeros_like(w) for w in (wq, wk, wv, wo))
+        g_bq, g_bk, g_bv, g_bo = (torch.zeros_like(b) for b in (bq, bk, bv, wo[:, 0]))
+        g_ks_all = g_vs_all = 0
+        if ctx.blocked:
+            g_h, g_emb = torch.empty_like(h), torch.empty_like(emb)
         with torch.no_grad():
-            q, k, v, ke, ve, ks, vs = _RingCore._project(h, emb, relay, wq, bq, wk, bk, wv, bv, H, dh)
-            out = _RingCore._attend(pd, v, ve, vs, ring).view(B * n, H * dh)
-            gy2 = gy.view(B * n, d)
-            g_wo, g_bo = gy2.t().mm(out), gy2.sum(0)
-            del out
-            ga = gy2.mm(wo).view(B, n, H, dh)  # d loss / d attention output
-            # through the weighted sum: gradients of the (dropped-out) probabilities and of the values
-            g_pd = torch.empty_like(probs)
-            g_pd[..., 1] = _dot(ga, v)
-            g_pd[..., 3] = _dot(ga, ve)
-            g_pd[..., 4] = _dot(ga, vs)
-            g_pd[..., 0] = F.pad(_dot(ga[:, 1:], v[:, :-1]), (0, 0, 1, 0))
-            g_pd[..., 2] = F.pad(_dot(ga[:, :-1], v[:, 1:]), (0, 0, 0, 1))
-            pl, pr = pd[..., 0:1], pd[..., 2:3]
-            if ring.wrap:
-                rows, f, l_ = ring.rows, ring.first, ring.last
-                g_pd[rows, f, :, 0] = _dot(ga[rows, f], v[rows, l_])
-                g_pd[rows, l_, :, 2] = _dot(ga[rows, l_], v[rows, f])
-                pl, pr = pl.masked_fill(ring.is_first, 0.0), pr.masked_fill(ring.is_last, 0.0)
-            g_ve = pd[..., 3:4] * ga
-            g_vs = (pd[..., 4:5] * ga).sum(1, keepdim=True)
-            g_v = pd[..., 1:2] * ga
-            g_v[:, :-1].addcmul_(pl[:, 1:], ga[:, 1:])  # v_i is the left neighbour of i + 1
-            g_v[:, 1:].addcmul_(pr[:, :-1], ga[:, :-1])  # and the right neighbour of i - 1
-            if ring.wrap:
-                g_v.index_put_((rows, l_), pd[rows, f, :, 0:1] * ga[rows, f], accumulate=True)
-                g_v.index_put_((rows, f), pd[rows, l_, :, 2:3] * ga[rows, l_], accumulate=True)
-            del ga, v, ve, vs
-            # dropout on the probabilities, then the softmax
-            g_p = g_pd if pd is probs else g_pd * torch.where(probs > 0, pd / probs.clamp(min=1e-30), 0.0)
-            g_s = probs * (g_p - (g_p * probs).sum(-1, keepdim=True))
-            del g_pd, g_p
-            # through the scores q_i . key_slot
-            gl, gr = g_s[..., 0:1], g_s[..., 2:3]
-            g_q = g_s[..., 1:2] * k
-            g_q.addcmul_(g_s[..., 3:4], ke).addcmul_(g_s[..., 4:5], ks)
-            if ring.wrap:
-                gl, gr = gl.masked_fill(ring.is_first, 0.0), gr.masked_fill(ring.is_last, 0.0)
-            g_q[:, 1:].addcmul_(gl[:, 1:], k[:, :-1])
-            g_q[:, :-1].addcmul_(gr[:, :-1], k[:, 1:])
-            g_k = g_s[..., 1:2] * q
-            g_k[:, :-1].addcmul_(gl[:, 1:], q[:, 1:])
-            g_k[:, 1:].addcmul_(gr[:, :-1], q[:, :-1])
-            if ring.wrap:
-                g_q.index_put_((rows, f), g_s[rows, f, :, 0:1] * k[rows, l_], accumulate=True)
-                g_q.index_put_((rows, l_), g_s[rows, l_, :, 2:3] * k[rows, f], accumulate=True)
-                g_k.index_put_((rows, l_), g_s[rows, f, :, 0:1] * q[rows, f], accumulate=True)
-                g_k.index_put_((rows, f), g_s[rows, l_, :, 2:3] * q[rows, l_], accumulate=True)
-            g_ke = g_s[..., 3:4] * q
-            g_ks = (g_s[..., 4:5] * q).sum(1, keepdim=True)
-            del q, k, ke, ks, g_s
-            g_q.mul_(dh ** -0.5)
-            # through the projections
-            flat = lambda x: x.reshape(-1, H * dh)  # noqa: E731
-            h2, e2, s2 = h.reshape(-1, d), emb.reshape(-1, d), relay.reshape(-1, d)
-            g_q, g_k, g_v, g_ke, g_ve = flat(g_q), flat(g_k), flat(g_v), flat(g_ke), flat(g_ve)
-            g_ks, g_vs = flat(g_ks), flat(g_vs)
-            g_wq, g_bq = g_q.t().mm(h2), g_q.sum(0)
-            g_wk = g_k.t().mm(h2).addmm_(g_ke.t(), e2).addmm_(g_ks.t(), s2)
-            g_bk = g_k.sum(0) + g_ke.sum(0) + g_ks.sum(0)
-            g_wv = g_v.t().mm(h2).addmm_(g_ve.t(), e2).addmm_(g_vs.t(), s2)
-            g_bv = g_v.sum(0) + g_ve.sum(0) + g_vs.sum(0)
-            g_h = g_q.mm(wq).addmm_(g_k, wk).addmm_(g_v, wv).view(B, n, d)
-            g_emb = g_ke.mm(wk).addmm_(g_ve, wv).view(B, n, d)
+            for a, c, rows, lo, ring in _RingCore._blocks(n, ctx.ring, ctx.blocked, 2, h.device):
+                m, keep = c - a, slice(lo, lo + c - a)
+                h_b, e_b, probs, pd = h[:, rows], emb[:, rows], probs_all[:, rows], pd_all[:, rows]
+                nb = h_b.shape[1]
+                q, k, v, ke, ve, ks, vs = _RingCore._project(h_b, e_b, relay, wq, bq, wk, bk, wv, bv, H, dh)
+                out = _RingCore._attend(pd, v, ve, vs, ring)[:, keep].reshape(B * m, H * dh)
+                gy2 = gy[:, rows].reshape(B * nb, d)
+                gy_keep = gy[:, a:c].reshape(B * m, d)
+                g_wo.addmm_(gy_keep.t(), out)
+                g_bo += gy_keep.sum(0)
+                del out
+                ga = gy2.mm(wo).view(B, nb, H, dh)  # d loss / d attention output
+                # through the weighted sum: gradients of the (dropped-out) probabilities and of the values
+                g_pd = torch.empty_like(probs)
+                g_pd[..., 1] = _dot(ga, v)
+                g_pd[..., 3] = _dot(ga, ve)
+                g_pd[..., 4] = _dot(ga, vs)
+                g_pd[..., 0] = F.pad(_dot(ga[:, 1:], v[:, :-1]), (0, 0, 1, 0))
+                g_pd[..., 2] = F.pad(_dot(ga[:, :-1], v[:, 1:]), (0, 0, 0, 1))
+                pl, pr = pd[..., 0:1], pd[..., 2:3]
+                if ring.wrap:
+                    rws, f, l_ = ring.rows, ring.first, ring.last
+                    g_pd[rws, f, :, 0] = _dot(ga[rws, f], v[rws, l_])
+                    g_pd[rws, l_, :, 2] = _dot(ga[rws, l_], v[rws, f])
+                    pl, pr = pl.masked_fill(ring.is_first, 0.0), pr.masked_fill(ring.is_last, 0.0)
+                g_ve = pd[..., 3:4] * ga
+                g_vs_all = g_vs_all + (pd[:, keep, :, 4:5] * ga[:, keep]).sum(1, keepdim=True)
+                g_v = pd[..., 1:2] * ga
+                g_v[:, :-1].addcmul_(pl[:, 1:], ga[:, 1:])  # v_i is the left neighbour of i + 1
+                g_v[:, 1:].addcmul_(pr[:, :-1], ga[:, :-1])  # and the right neighbour of i - 1
+                if ring.wrap:
+                    g_v.index_put_((rws, l_), pd[rws, f, :, 0:1] * ga[rws, f], accumulate=True)
+                    g_v.index_put_((rws, f), pd[rws, l_, :, 2:3] * ga[rws, l_], accumulate=True)
+                del ga, v, ve, vs
+                # dropout on the probabilities, then the softmax
+                g_p = g_pd if pd is probs else g_pd * torch.where(probs > 0, pd / probs.clamp(min=1e-30), 0.0)
+                g_s = probs * (g_p - (g_p * probs).sum(-1, keepdim=True))
+                del g_pd, g_p
+                # through the scores q_i . key_slot
+                gl, gr = g_s[..., 0:1], g_s[..., 2:3]
+                g_q = g_s[..., 1:2] * k
+                g_q.addcmul_(g_s[..., 3:4], ke).addcmul_(g_s[..., 4:5], ks)
+                if ring.wrap:
+                    gl, gr = gl.masked_fill(ring.is_first, 0.0), gr.masked_fill(ring.is_last, 0.0)
+                g_q[:, 1:].addcmul_(gl[:, 1:], k[:, :-1])
+                g_q[:, :-1].addcmul_(gr[:, :-1], k[:, 1:])
+                g_k = g_s[..., 1:2] * q
+                g_k[:, :-1].addcmul_(gl[:, 1:], q[:, 1:])
+                g_k[:, 1:].addcmul_(gr[:, :-1], q[:, :-1])
+                if ring.wrap:
+                    g_q.index_put_((rws, f), g_s[rws, f, :, 0:1] * k[rws, l_], accumulate=True)
+                    g_q.index_put_((rws, l_), g_s[rws, l_, :, 2:3] * k[rws, f], accumulate=True)
+                    g_k.index_put_((rws, l_), g_s[rws, f, :, 0:1] * q[rws, f], accumulate=True)
+                    g_k.index_put_((rws, f), g_s[rws, l_, :, 2:3] * q[rws, l_], accumulate=True)
+                g_ke = g_s[..., 3:4] * q
+                g_ks_all = g_ks_all + (g_s[:, keep, :, 4:5] * q[:, keep]).sum(1, keepdim=True)
+                del q, k, ke, ks, g_s
+                g_q.mul_(dh ** -0.5)
+                # through the projections, the block's own rows only
+                flat = lambda x: x[:, keep].reshape(-1, H * dh)  # noqa: E731
+                h2, e2 = h[:, a:c].reshape(-1, d), emb[:, a:c].reshape(-1, d)
+                g_q, g_k, g_v, g_ke, g_ve = flat(g_q), flat(g_k), flat(g_v), flat(g_ke), flat(g_ve)
+                g_wq.addmm_(g_q.t(), h2)
+                g_bq += g_q.sum(0)
+                g_wk.addmm_(g_k.t(), h2).addmm_(g_ke.t(), e2)
+                g_bk += g_k.sum(0) + g_ke.sum(0)
+                g_wv.addmm_(g_v.t(), h2).addmm_(g_ve.t(), e2)
+                g_bv += g_v.sum(0) + g_ve.sum(0)
+                gh_b = g_q.mm(wq).addmm_(g_k, wk).addmm_(g_v, wv).view(B, m, d)
+                ge_b = g_ke.mm(wk).addmm_(g_ve, wv).view(B, m, d)
+                if ctx.blocked:
+                    g_h[:, a:c], g_emb[:, a:c] = gh_b, ge_b
+                else:
+                    g_h, g_emb = gh_b, ge_b
+                del gh_b, ge_b
+                del g_q, g_k, g_v, g_ke, g_ve
+            g_ks, g_vs, s2 = g_ks_all.reshape(-1, H * dh), g_vs_all.reshape(-1, H * dh), relay.reshape(-1, d)
+            g_wk.addmm_(g_ks.t(), s2)
+            g_bk += g_ks.sum(0)
+            g_wv.addmm_(g_vs.t(), s2)
+            g_bv += g_vs.sum(0)
             g_relay = g_ks.mm(wk).addmm_(g_vs, wv).view(B, 1, d)
         return (g_h, g_emb, g_relay, g_wq, g_bq, g_wk, g_bk, g_wv, g_bv, g_wo, g_bo,
                 None, None, None, None, None)
