@@ -319,6 +319,22 @@ def test_fused_linear_log_softmax_matches_log_softmax_of_linear():
                 assert torch.allclose(a, c, atol=1e-5)
 
 
+def test_output_workspace_is_not_copied_with_the_model():
+    import copy
+
+    model, d = _model("--mem-len", 3)
+    tokens = torch.randint(d.nspecial, len(d), (2, 5))
+    model.get_normalized_probs(model(tokens), log_probs=True).sum().backward()
+    assert model.decoder.softmax._workspace  # the backward used it
+    clone = copy.deepcopy(model)
+    assert not hasattr(clone.decoder.softmax, "_workspace")
+    with torch.no_grad():
+        for m in (model, clone):
+            m.eval()
+        assert torch.equal(model.get_normalized_probs(model(tokens), log_probs=True),
+                           clone.get_normalized_probs(clone(tokens), log_probs=True))
+
+
 @pytest.mark.parametrize("pre_norm", [False, True])
 def test_training_attention_path_equals_the_fused_kernel(pre_norm):
     """With autograd on, the attention is written out (``_attend``); without, it runs

@@ -90,7 +90,10 @@ class LinearLogSoftmax(torch.autograd.Function):
     as much as the pass over them.  Here the log-softmax runs in place on the
     logits (the kernel reads each row before writing it), and the backward
     writes the logits' gradient into ``workspace`` (a dict owned by the module,
-    kept between calls: used only inside one backward, never returned).
+    kept between calls: used only inside one backward, never returned; dropped
+    when the module is copied or pickled).  CPU without autocast only (elsewhere
+    a caching allocator recycles the buffers, and autocast runs the
+    log-softmax in float32).
     """
 
     @staticmethod
@@ -105,10 +108,9 @@ class LinearLogSoftmax(torch.autograd.Function):
     @once_differentiable
     def backward(ctx, grad):
         hidden, weight, out = ctx.saved_tensors
-        key = (out.device, out.dtype)
-        buf = ctx.workspace.get(key)
+        buf = ctx.workspace.get(out.dtype)
         if buf is None or buf.numel() < out.numel():
-            ctx.workspace[key] = buf = torch.empty(out.numel(), device=out.device, dtype=out.dtype)
+            ctx.workspace[out.dtype] = buf = torch.empty(out.numel(), dtype=out.dtype)
         grad_logits = buf[: out.numel()].view(out.shape)
         torch._log_softmax_backward_data(grad, out, -1, out.dtype, out=grad_logits)
         grad_hidden = grad_logits.mm(weight) if ctx.needs_input_grad[0] else None
@@ -185,12 +187,18 @@ class ProjectedAdaptiveLogSoftmax(nn.Module):
             bias = torch.cat([bias, self.cluster_bias], dim=0)
         return weight, bias, self.proj(i)
 
+    def __getstate__(self):  # (deepcopy / pickle: not the workspace of LinearLogSoftmax)
+        state = dict(self.__dict__)
+        state.pop("_workspace", None)
+        return state
+
     def _log_softmax(self, hidden, weight, bias, proj):
         """Log-softmax of one band's logits ``(hidden proj) W^T + b`` (see :class:`LinearLogSoftmax`)."""
         if proj is not None:
             hidden = F.linear(hidden, proj.t())
-        workspace = self.__dict__.setdefault("_workspace", {})
-        return LinearLogSoftmax.apply(hidden, weight, bias, workspace)
+        if hidden.device.type != "cpu" or torch.is_autocast_enabled("cpu"):
+            return F.log_softmax(F.linear(hidden, weight, bias), dim=-1)
+        return LinearLogSoftmax.apply(hidden, weight, bias, self.__dict__.setdefault("_workspace", {}))
 
     def log_prob(self, hidden):
         """Log-probabilities over the whole vocabulary, shape ``hidden.shape[:-1] + (n_token,)``."""
