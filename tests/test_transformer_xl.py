@@ -298,36 +298,56 @@ def test_cpu_dropout_keeps_one_minus_p_scaled_and_is_identity_in_eval():
 
 
 def test_fused_linear_log_softmax_matches_log_softmax_of_linear():
-    """The output layer's in-place log-softmax and workspace backward give F.log_softmax(F.linear)'s
+    """The output layer's in-place log-softmax and pooled-buffer backward give F.log_softmax(F.linear)'s
     values and gradients, with and without bias, for a dense upstream gradient and a broadcast one."""
     import torch.nn.functional as F
 
-    from user_dir.modules.projected_adaptive import LinearLogSoftmax
+    from user_dir.modules.projected_adaptive import BufferPool, LinearLogSoftmax
 
     g = torch.Generator().manual_seed(5)
-    workspace = {}
-    for n, with_bias in [(37, True), (12, False), (50, True)]:  # the workspace shrinks and grows
+    pool = BufferPool()
+    for n, with_bias in [(37, True), (12, False), (50, True)]:  # the buffers are reused, and replaced
         h = torch.randn(n, 16, generator=g, requires_grad=True)
         w = torch.randn(40, 16, generator=g, requires_grad=True)
         b = torch.randn(40, generator=g, requires_grad=True) if with_bias else None
         params = [h, w] + ([b] if with_bias else [])
         up = torch.randn(n, 40, generator=g)
         for loss in (lambda lp: (lp * up).sum(), lambda lp: lp.sum()):
-            ref, ours = F.log_softmax(F.linear(h, w, b), dim=-1), LinearLogSoftmax.apply(h, w, b, workspace)
+            ref, ours = F.log_softmax(F.linear(h, w, b), dim=-1), LinearLogSoftmax.apply(h, w, b, pool)
             assert torch.allclose(ref, ours, atol=1e-6)
             for a, c in zip(torch.autograd.grad(loss(ref), params), torch.autograd.grad(loss(ours), params)):
                 assert torch.allclose(a, c, atol=1e-5)
 
 
-def test_output_workspace_is_not_copied_with_the_model():
+def test_buffer_pool_reuses_only_unreferenced_buffers():
+    from user_dir.modules.projected_adaptive import BufferPool
+
+    pool = BufferPool(size=2)
+    a = pool.empty((4, 5), torch.float32)
+    view = a[1:]
+    del a
+    b = pool.empty((4, 5), torch.float32)  # the first is still seen through `view`
+    assert b.data_ptr() != view.data_ptr() - 20  # (view starts one row of 5 floats in)
+    c = pool.empty((2, 3), torch.float32)  # both pooled buffers in use: a plain allocation
+    assert c.data_ptr() not in (b.data_ptr(), view.data_ptr() - 20)
+    ptr_b = b.data_ptr()
+    del b
+    d = pool.empty((3, 6), torch.float32)  # fits in the freed one
+    assert d.data_ptr() == ptr_b and d.shape == (3, 6) and d.is_contiguous()
+    del view
+    e = pool.empty((10, 10), torch.float32)  # the freed first one is too small: replaced
+    assert e.shape == (10, 10) and len(pool.storages[torch.float32]) == 2
+
+
+def test_output_buffers_are_not_copied_with_the_model():
     import copy
 
     model, d = _model("--mem-len", 3)
     tokens = torch.randint(d.nspecial, len(d), (2, 5))
     model.get_normalized_probs(model(tokens), log_probs=True).sum().backward()
-    assert model.decoder.softmax._workspace  # the backward used it
+    assert model.decoder.softmax._out_pool.storages  # the output layer used it
     clone = copy.deepcopy(model)
-    assert not hasattr(clone.decoder.softmax, "_workspace")
+    assert not hasattr(clone.decoder.softmax, "_out_pool")
     with torch.no_grad():
         for m in (model, clone):
             m.eval()

@@ -81,37 +81,78 @@ class AdaptiveEmbedding(nn.Module):
         return (out * self.emb_scale).view(*tokens.shape, self.d_proj)
 
 
+_storage_use_count = getattr(torch._C, "_storage_Use_Count", None)
+
+
+class BufferPool:
+    """A few CPU buffers for the (N, V) output-layer tensors, handed out again once
+    nothing else references them.
+
+    With a 10k-word output layer these tensors are ~45 MB each; glibc maps
+    such sizes anew on every allocation, so each fresh one costs ~11k page
+    faults (measured: filling a fresh one takes ~15x as long as refilling a
+    warm one).  A buffer is reused only when its storage has no other
+    reference (no tensor, view or saved autograd value holds it): a tensor
+    handed out is never overwritten while anyone can still see it.  At most
+    ``size`` buffers per dtype are kept (beyond that, plain allocations).
+    """
+
+    def __init__(self, size=3):
+        self.size = size
+        self.storages = {}  # dtype -> [UntypedStorage]
+
+    def empty(self, shape, dtype):
+        numel = 1
+        for n in shape:
+            numel *= n
+        nbytes = numel * torch.empty(0, dtype=dtype).element_size()
+        pool = self.storages.setdefault(dtype, [])
+        free = [st for st in pool if _storage_use_count(st._cdata) == 1] if _storage_use_count else []
+        storage = next((st for st in free if st.nbytes() >= nbytes), None)
+        if storage is None:
+            if free:  # too small: replace one
+                pool.remove(free[0])
+            elif len(pool) >= self.size or _storage_use_count is None:
+                return torch.empty(shape, dtype=dtype)
+            storage = torch.UntypedStorage(nbytes)
+            pool.append(storage)
+        strides = [1] * len(shape)
+        for i in range(len(shape) - 2, -1, -1):
+            strides[i] = strides[i + 1] * shape[i + 1]
+        return torch.empty(0, dtype=dtype).set_(storage, 0, tuple(shape), tuple(strides))
+
+
 class LinearLogSoftmax(torch.autograd.Function):
     """``log_softmax(hidden @ weight^T + bias)`` over the last dim, with the same kernels as
-    ``F.log_softmax(F.linear(...))`` (identical numbers, tested) and two (N, V) buffers fewer.
+    ``F.log_softmax(F.linear(...))`` (identical numbers, tested), without fresh (N, V) buffers.
 
-    With a 10k-word output layer the (N, V) tensors are ~45 MB each; fresh ones
-    cost page faults on every step (glibc maps such sizes anew each time), about
-    as much as the pass over them.  Here the log-softmax runs in place on the
-    logits (the kernel reads each row before writing it), and the backward
-    writes the logits' gradient into ``workspace`` (a dict owned by the module,
-    kept between calls: used only inside one backward, never returned; dropped
-    when the module is copied or pickled).  CPU without autocast only (elsewhere
+    The logits are computed into a buffer of ``pool`` (:class:`BufferPool`),
+    the log-softmax runs in place on them (the kernel reads each row before
+    writing it) and is the output; the backward writes the logits' gradient
+    into another buffer of the pool.  Per training step that is three fresh
+    (N, V) tensors fewer than ``F.log_softmax(F.linear(...))`` (logits,
+    log-probabilities, their gradient).  CPU without autocast only (elsewhere
     a caching allocator recycles the buffers, and autocast runs the
     log-softmax in float32).
     """
 
     @staticmethod
-    def forward(ctx, hidden, weight, bias, workspace):
-        out = torch.addmm(bias, hidden, weight.t()) if bias is not None else hidden.mm(weight.t())
+    def forward(ctx, hidden, weight, bias, pool):
+        out = pool.empty((hidden.size(0), weight.size(0)), hidden.dtype)
+        if bias is not None:
+            torch.addmm(bias, hidden, weight.t(), out=out)
+        else:
+            torch.mm(hidden, weight.t(), out=out)
         torch.log_softmax(out, dim=-1, out=out)
         ctx.save_for_backward(hidden, weight, out)
-        ctx.workspace, ctx.has_bias = workspace, bias is not None
+        ctx.pool, ctx.has_bias = pool, bias is not None
         return out
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad):
         hidden, weight, out = ctx.saved_tensors
-        buf = ctx.workspace.get(out.dtype)
-        if buf is None or buf.numel() < out.numel():
-            ctx.workspace[out.dtype] = buf = torch.empty(out.numel(), dtype=out.dtype)
-        grad_logits = buf[: out.numel()].view(out.shape)
+        grad_logits = ctx.pool.empty(out.shape, out.dtype)
         torch._log_softmax_backward_data(grad, out, -1, out.dtype, out=grad_logits)
         grad_hidden = grad_logits.mm(weight) if ctx.needs_input_grad[0] else None
         grad_weight = grad_logits.t().mm(hidden) if ctx.needs_input_grad[1] else None
@@ -187,9 +228,9 @@ class ProjectedAdaptiveLogSoftmax(nn.Module):
             bias = torch.cat([bias, self.cluster_bias], dim=0)
         return weight, bias, self.proj(i)
 
-    def __getstate__(self):  # (deepcopy / pickle: not the workspace of LinearLogSoftmax)
+    def __getstate__(self):  # (deepcopy / pickle: not the buffers of LinearLogSoftmax)
         state = dict(self.__dict__)
-        state.pop("_workspace", None)
+        state.pop("_out_pool", None)
         return state
 
     def _log_softmax(self, hidden, weight, bias, proj):
@@ -198,7 +239,9 @@ class ProjectedAdaptiveLogSoftmax(nn.Module):
             hidden = F.linear(hidden, proj.t())
         if hidden.device.type != "cpu" or torch.is_autocast_enabled("cpu"):
             return F.log_softmax(F.linear(hidden, weight, bias), dim=-1)
-        return LinearLogSoftmax.apply(hidden, weight, bias, self.__dict__.setdefault("_workspace", {}))
+        if "_out_pool" not in self.__dict__:
+            self._out_pool = BufferPool()
+        return LinearLogSoftmax.apply(hidden, weight, bias, self._out_pool)
 
     def log_prob(self, hidden):
         """Log-probabilities over the whole vocabulary, shape ``hidden.shape[:-1] + (n_token,)``."""
