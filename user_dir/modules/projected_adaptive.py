@@ -25,6 +25,7 @@ from typing import List, Optional
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.autograd.function import once_differentiable
 
 
 def band_edges(n_token: int, cutoffs: List[int]) -> List[int]:
@@ -78,6 +79,85 @@ class AdaptiveEmbedding(nn.Module):
             emb_i = F.linear(self.emb_layers[i](flat[idx] - lo), self.emb_projs[i])
             out = out.index_copy(0, idx, emb_i)
         return (out * self.emb_scale).view(*tokens.shape, self.d_proj)
+
+
+_storage_use_count = getattr(torch._C, "_storage_Use_Count", None)
+
+
+class BufferPool:
+    """A few CPU buffers for the (N, V) output-layer tensors, handed out again once
+    nothing else references them.
+
+    With a 10k-word output layer these tensors are ~45 MB each; glibc maps
+    such sizes anew on every allocation, so each fresh one costs ~11k page
+    faults (measured: filling a fresh one takes ~15x as long as refilling a
+    warm one).  A buffer is reused only when its storage has no other
+    reference (no tensor, view or saved autograd value holds it): a tensor
+    handed out is never overwritten while anyone can still see it.  At most
+    ``size`` buffers per dtype are kept (beyond that, plain allocations).
+    """
+
+    def __init__(self, size=3):
+        self.size = size
+        self.storages = {}  # dtype -> [UntypedStorage]
+
+    def empty(self, shape, dtype):
+        numel = 1
+        for n in shape:
+            numel *= n
+        nbytes = numel * torch.empty(0, dtype=dtype).element_size()
+        pool = self.storages.setdefault(dtype, [])
+        free = [st for st in pool if _storage_use_count(st._cdata) == 1] if _storage_use_count else []
+        storage = next((st for st in free if st.nbytes() >= nbytes), None)
+        if storage is None:
+            if free:  # too small: replace one
+                pool.remove(free[0])
+            elif len(pool) >= self.size or _storage_use_count is None:
+                return torch.empty(shape, dtype=dtype)
+            storage = torch.UntypedStorage(nbytes)
+            pool.append(storage)
+        strides = [1] * len(shape)
+        for i in range(len(shape) - 2, -1, -1):
+            strides[i] = strides[i + 1] * shape[i + 1]
+        return torch.empty(0, dtype=dtype).set_(storage, 0, tuple(shape), tuple(strides))
+
+
+class LinearLogSoftmax(torch.autograd.Function):
+    """``log_softmax(hidden @ weight^T + bias)`` over the last dim, with the same kernels as
+    ``F.log_softmax(F.linear(...))`` (identical numbers, tested), without fresh (N, V) buffers.
+
+    The logits are computed into a buffer of ``pool`` (:class:`BufferPool`),
+    the log-softmax runs in place on them (the kernel reads each row before
+    writing it) and is the output; the backward writes the logits' gradient
+    into another buffer of the pool.  Per training step that is three fresh
+    (N, V) tensors fewer than ``F.log_softmax(F.linear(...))`` (logits,
+    log-probabilities, their gradient).  CPU without autocast only (elsewhere
+    a caching allocator recycles the buffers, and autocast runs the
+    log-softmax in float32).
+    """
+
+    @staticmethod
+    def forward(ctx, hidden, weight, bias, pool):
+        out = pool.empty((hidden.size(0), weight.size(0)), hidden.dtype)
+        if bias is not None:
+            torch.addmm(bias, hidden, weight.t(), out=out)
+        else:
+            torch.mm(hidden, weight.t(), out=out)
+        torch.log_softmax(out, dim=-1, out=out)
+        ctx.save_for_backward(hidden, weight, out)
+        ctx.pool, ctx.has_bias = pool, bias is not None
+        return out
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad):
+        hidden, weight, out = ctx.saved_tensors
+        grad_logits = ctx.pool.empty(out.shape, out.dtype)
+        torch._log_softmax_backward_data(grad, out, -1, out.dtype, out=grad_logits)
+        grad_hidden = grad_logits.mm(weight) if ctx.needs_input_grad[0] else None
+        grad_weight = grad_logits.t().mm(hidden) if ctx.needs_input_grad[1] else None
+        grad_bias = grad_logits.sum(0) if ctx.has_bias and ctx.needs_input_grad[2] else None
+        return grad_hidden, grad_weight, grad_bias, None
 
 
 class ProjectedAdaptiveLogSoftmax(nn.Module):
@@ -138,7 +218,9 @@ class ProjectedAdaptiveLogSoftmax(nn.Module):
         """Weight, bias (and projection) of band ``i``; band 0 includes the cluster logits."""
         if self.div_val == 1:
             lo, hi = self.edges[i], self.edges[i + 1]
-            weight, bias = self.out_layers[0].weight[lo:hi], self.out_layers[0].bias[lo:hi]
+            weight, bias = self.out_layers[0].weight, self.out_layers[0].bias
+            if (lo, hi) != (0, self.n_token):  # (a full-range slice would cost a zero-filled copy in backward)
+                weight, bias = weight[lo:hi], bias[lo:hi]
         else:
             weight, bias = self.out_layers[i].weight, self.out_layers[i].bias
         if i == 0 and self.n_clusters > 0:
@@ -146,22 +228,31 @@ class ProjectedAdaptiveLogSoftmax(nn.Module):
             bias = torch.cat([bias, self.cluster_bias], dim=0)
         return weight, bias, self.proj(i)
 
-    @staticmethod
-    def _logit(hidden, weight, bias, proj):
+    def __getstate__(self):  # (deepcopy / pickle: not the buffers of LinearLogSoftmax)
+        state = dict(self.__dict__)
+        state.pop("_out_pool", None)
+        return state
+
+    def _log_softmax(self, hidden, weight, bias, proj):
+        """Log-softmax of one band's logits ``(hidden proj) W^T + b`` (see :class:`LinearLogSoftmax`)."""
         if proj is not None:
             hidden = F.linear(hidden, proj.t())
-        return F.linear(hidden, weight, bias)
+        if hidden.device.type != "cpu" or torch.is_autocast_enabled("cpu"):
+            return F.log_softmax(F.linear(hidden, weight, bias), dim=-1)
+        if "_out_pool" not in self.__dict__:
+            self._out_pool = BufferPool()
+        return LinearLogSoftmax.apply(hidden, weight, bias, self._out_pool)
 
     def log_prob(self, hidden):
         """Log-probabilities over the whole vocabulary, shape ``hidden.shape[:-1] + (n_token,)``."""
         shape = hidden.shape[:-1]
         hidden = hidden.reshape(-1, hidden.size(-1))
-        head = F.log_softmax(self._logit(hidden, *self._band(0)), dim=-1)
+        head = self._log_softmax(hidden, *self._band(0))
         if self.n_clusters == 0:
             return head.view(*shape, self.n_token)
         parts = [head[:, : self.edges[1]]]
         for i in range(1, self.n_clusters + 1):
-            tail = F.log_softmax(self._logit(hidden, *self._band(i)), dim=-1)
+            tail = self._log_softmax(hidden, *self._band(i))
             parts.append(head[:, -i].unsqueeze(1) + tail)
         return torch.cat(parts, dim=1).view(*shape, self.n_token)
 
@@ -171,7 +262,7 @@ class ProjectedAdaptiveLogSoftmax(nn.Module):
         shape = target.shape
         hidden = hidden.reshape(-1, hidden.size(-1))
         target = target.reshape(-1)
-        head = F.log_softmax(self._logit(hidden, *self._band(0)), dim=-1)
+        head = self._log_softmax(hidden, *self._band(0))
         if self.n_clusters == 0:
             return -head.gather(1, target.unsqueeze(1)).view(shape)
         out = hidden.new_zeros(target.size(0))
@@ -183,7 +274,7 @@ class ProjectedAdaptiveLogSoftmax(nn.Module):
             if i == 0:
                 lp = head[idx].gather(1, t).squeeze(1)
             else:
-                tail = F.log_softmax(self._logit(hidden[idx], *self._band(i)), dim=-1)
+                tail = self._log_softmax(hidden[idx], *self._band(i))
                 lp = head[idx, -i] + tail.gather(1, t).squeeze(1)
             out = out.index_copy(0, idx, -lp)
         return out.view(shape)

@@ -163,6 +163,7 @@ class RelativeMultiheadAttention(nn.Module):
         self.layer_norm = nn.LayerNorm(embed_dim, eps=layer_norm_eps)
         self.dropout = Dropout(dropout, module_name=self.__class__.__name__)
         self.attention_dropout = attention_dropout
+        self.attn_dropout = Dropout(attention_dropout, module_name=self.__class__.__name__)
         self.pre_norm = pre_norm
         self.scale = 1.0 / math.sqrt(head_dim)
         if own_biases:
@@ -204,7 +205,7 @@ class RelativeMultiheadAttention(nn.Module):
             kv_mem = F.linear(self.layer_norm(memory) if self.pre_norm else memory, w_kv)
             kv_flat = torch.cat([kv_mem, kv_new], dim=1)
         kv = kv_flat.view(B, K, 2, H, D)
-        k, val = kv[:, :, 0].transpose(1, 2), kv[:, :, 1].transpose(1, 2)
+        k, val = (x.transpose(1, 2) for x in kv.unbind(2))  # (unbind: its backward is one stack, no zero fill)
         r_k = self._position_keys(r).view(K, H, D).permute(1, 2, 0)  # (H, D, K)
 
         # (b)+(d): (q + v) W_kR R, shifted so that column j holds distance i-j (rel_shift)
@@ -213,13 +214,29 @@ class RelativeMultiheadAttention(nn.Module):
             mask = additive_mask(mask, bd.dtype)
         bias = torch.add(mask, bd, alpha=self.scale)  # one pass: scale, mask, contiguous
         # (a)+(c): (q + u) k^T, plus the positional bias, scaled, softmax, dropatt
-        attn = F.scaled_dot_product_attention(
-            q + u.unsqueeze(1), k, val, attn_mask=bias,
-            dropout_p=self.attention_dropout if self.training else 0.0, scale=self.scale,
-        )
+        q_u = q + u.unsqueeze(1)
+        if torch.is_grad_enabled():
+            attn = self._attend(q_u, k, val, bias)
+        else:  # (no autograd: the fused kernel)
+            attn = F.scaled_dot_product_attention(q_u, k, val, attn_mask=bias, scale=self.scale,
+                                                  dropout_p=self.attention_dropout if self.training else 0.0)
         out = self.o_net(attn.transpose(1, 2).reshape(B, T, H * D))
         out = self.dropout(out)
         return (h + out if self.pre_norm else self.layer_norm(h + out)), kv_flat
+
+    def _attend(self, q_u, k, val, bias):
+        """``softmax(scale·(q_u k^T) + bias) val`` with dropatt: what ``scaled_dot_product_attention``
+        computes, written out for training.  The bias (mask + scaled positional term) is a fresh tensor
+        and the content term is accumulated into it by the matmul itself (``baddbmm_``: the scale is
+        the GEMM's alpha); on CPU, SDPA with a mask that needs a gradient takes its reference path, which
+        scales q and k in two extra passes and checks for fully masked rows (never the case here: a
+        query always sees itself)."""
+        B, H, T, D = q_u.shape
+        K = k.size(2)
+        scores = bias.view(B * H, T, K).baddbmm_(q_u.reshape(B * H, T, D), k.reshape(B * H, K, D).transpose(1, 2),
+                                                  alpha=self.scale)
+        probs = self.attn_dropout(torch.softmax(scores, dim=-1))
+        return torch.bmm(probs, val.reshape(B * H, K, D)).view(B, H, T, D)
 
     def _position_keys(self, r):
         """``W_kR R``; in evaluation the result is reused while ``R`` and the weights stay the same."""
