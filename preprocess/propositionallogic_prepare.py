@@ -11,8 +11,11 @@ training lines as ``valid`` (the FastTrees/ON-LSTM protocol), and binarizes
 hypothesis share one dictionary) exactly as ``fairseq-preprocess --only-source``
 would, but in one process.  The test files become fairseq subsets ``test_ops1`` …
 ``test_ops12`` (``fairseq-validate --valid-subset test_ops7`` ...).
-Brackets are removed by default, as sequence models are evaluated on this
-task, so that the structure has to be induced; ``--keep-brackets`` keeps them.
+Brackets are removed by default (``--keep-brackets`` keeps them).  Beware: the
+formulas are binary trees written ``( x ( op y ) )``, and without the brackets the
+label often depends on a bracketing the input no longer shows (``not not f and e``
+is generated as ``not ((not f) and e)``), so the bracket-free task is ambiguous and
+caps every model's accuracy; ``examples/fasttrees/logic.sh`` keeps them by default.
 """
 import argparse
 import lzma

@@ -6,7 +6,8 @@
 #   MAX_UPDATE=8000 examples/fasttrees/logic.sh         # the budget BENCHMARKS.md records (~15 CPU-min for FastTrees)
 #   ARCHS=roberta examples/fasttrees/logic.sh           # one model only (run the two in parallel)
 # Defaults: 2 layers, d 64, FFN 256, 4 heads, pre-LN, no dropout, batch 32, lr 1e-3 (inverse sqrt, warm-up 500);
-# KEEP_BRACKETS=1 keeps the formulas' brackets (removed by default, so that the structure has to be induced).
+# KEEP_BRACKETS=1 (default) keeps the formulas' brackets; KEEP_BRACKETS=0 removes them, which makes many labels
+# ambiguous (the label depends on a bracketing the input no longer shows; BENCHMARKS.md, logic section).
 source "$(dirname "$0")/common.sh"
 MAX_TRAIN=${MAX_TRAIN:-0}
 MAX_UPDATE=${MAX_UPDATE:-30000}
@@ -14,7 +15,7 @@ BATCH=${BATCH:-32}
 LR=${LR:-1e-3}
 WARMUP=${WARMUP:-500}
 DIM=${DIM:-64}
-KEEP_BRACKETS=${KEEP_BRACKETS:-0}
+KEEP_BRACKETS=${KEEP_BRACKETS:-1}
 WORK=${WORK:-benchmarks/work/logic_n${MAX_TRAIN}_br${KEEP_BRACKETS}}
 if [ ! -f "$WORK/bin/label/dict.txt" ]; then
   BR=""; [ "$KEEP_BRACKETS" = 1 ] && BR="--keep-brackets"
