@@ -249,15 +249,15 @@ class CapsuleRouting(nn.Module):
         n_pos = torch.arange(past, total, device=logits.device)
         rel = (n_pos.unsqueeze(0) - m_pos.unsqueeze(1)).clamp(-self.max_distance, self.max_distance)
         init = self.horizontal_logits[rel + self.max_distance]  # (M, Q)
-        visible = None  # every input may vote for every output: no mask to apply in routing
-        if not bool((row_counts > 0).all()):  # pad rows are no capsules
-            visible = (row_counts > 0).unsqueeze(-1).expand(bsz, total, q_len)
+        # pad rows are no capsules: a -1e4 initial logit keeps their couplings at 0 in every iteration
+        # (their agreement stays 0, their logits being 0) -- no mask to test for, no host sync
+        empty = (row_counts == 0).to(logits.dtype) * _scalar(-1e4, logits)  # (B, M)
+        init = init + empty.unsqueeze(-1)  # (B, M, Q)
+        visible = None
         if self.causal and q_len > 1:  # one new query (a decoding step) sees every earlier row
-            causal = m_pos.unsqueeze(1) <= n_pos.unsqueeze(0)
-            visible = causal if visible is None else visible & causal
+            visible = m_pos.unsqueeze(1) <= n_pos.unsqueeze(0)  # (M, Q), broadcast over the batch
         size = self._size(counts.to(logits.dtype) * heads)  # (B, Q): entries of output capsule n
-        weights, couplings = dynamic_routing(gram, init.expand(bsz, -1, -1), self.iters, size,
-                                             out_dim=-2, visible=visible)
+        weights, couplings = dynamic_routing(gram, init, self.iters, size, out_dim=-2, visible=visible)
         omega = torch.bmm(weights.transpose(1, 2), rows)  # (B, Q, H·K)
         return omega.view(bsz, q_len, heads, k_len), couplings
 
