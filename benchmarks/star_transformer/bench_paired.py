@@ -16,18 +16,16 @@ import argparse
 import os
 import statistics
 import sys
-import time
 
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_scaling import build_models, star_flops, step, transformer_flops  # noqa: E402
+from bench_scaling import build_models, star_flops, step, time_model, transformer_flops  # noqa: E402
 
 
 def timed(model, tokens, lengths):
-    t0 = time.perf_counter()
-    step(model, tokens, lengths)
-    return time.perf_counter() - t0
+    """One timed forward+backward step, no warm-up."""
+    return time_model(model, tokens, lengths, 1, float("inf"), warmup=False)[0]
 
 
 def main(argv=None):

@@ -20,6 +20,7 @@ read from head column ``-i`` (the cluster rows are in reverse order).
 HuggingFace's port reads column ``c0 + i - 1``; :func:`hf_cluster_rows`
 converts between the two layouts.
 """
+import math
 from typing import List, Optional
 
 import torch
@@ -102,10 +103,7 @@ class BufferPool:
         self.storages = {}  # dtype -> [UntypedStorage]
 
     def empty(self, shape, dtype):
-        numel = 1
-        for n in shape:
-            numel *= n
-        nbytes = numel * torch.empty(0, dtype=dtype).element_size()
+        nbytes = math.prod(shape) * dtype.itemsize
         pool = self.storages.setdefault(dtype, [])
         free = [st for st in pool if _storage_use_count(st._cdata) == 1] if _storage_use_count else []
         storage = next((st for st in free if st.nbytes() >= nbytes), None)
@@ -116,10 +114,7 @@ class BufferPool:
                 return torch.empty(shape, dtype=dtype)
             storage = torch.UntypedStorage(nbytes)
             pool.append(storage)
-        strides = [1] * len(shape)
-        for i in range(len(shape) - 2, -1, -1):
-            strides[i] = strides[i + 1] * shape[i + 1]
-        return torch.empty(0, dtype=dtype).set_(storage, 0, tuple(shape), tuple(strides))
+        return torch.empty(0, dtype=dtype).set_(storage, 0, tuple(shape))  # contiguous view of the buffer
 
 
 class LinearLogSoftmax(torch.autograd.Function):

@@ -246,7 +246,7 @@ class _RingCore(torch.autograd.Function):
     def forward(ctx, h, emb, relay, wq, bq, wk, bk, wv, bv, wo, bo, ring, heads, head_dim, p_drop, training):
         B, n, d = h.shape
         drop = p_drop > 0 and training
-        blocked = not drop and getattr(ring, "uniform", False) and n > _RingCore.block_rows
+        blocked = not drop and ring.uniform and n > _RingCore.block_rows
         if blocked:
             probs = torch.empty(B, n, heads, 5, dtype=h.dtype, device=h.device)
             y = torch.empty(B, n, wo.shape[0], dtype=h.dtype, device=h.device)
