@@ -233,3 +233,40 @@ def test_cancelling_capsules_give_no_nan():
     assert torch.isfinite(capsule_routing.squash_gain(torch.tensor([-3e-9, 0.0, 1.0]))).all()
     omega = routing(logits, torch.tensor([[1]]))[0]
     assert torch.isfinite(omega).all()
+
+
+# ------------------------------------------------------------------ --capsule-omega-gate (not in the paper)
+
+
+def test_omega_gate_starts_as_the_plain_transformer_and_learns():
+    gated, d = _model(*ALL_MODULES, "--capsule-omega-gate")
+    vanilla, _ = build("transformer", TINY)
+    missing, unexpected = torch.nn.Module.load_state_dict(gated, vanilla.state_dict(), strict=False)
+    assert not unexpected and missing and all(".capsule." in n for n in missing)
+    srcs, tgts = _data(d)
+    same = invariance.decoder_logits(gated, srcs, tgts, d.pad())
+    assert torch.allclose(same, invariance.decoder_logits(vanilla, srcs, tgts, d.pad()), atol=1e-6)
+    gates = [m.capsule.omega_gate for m in _routed(gated)]
+    assert len(gates) == 6 and all(g.shape == (4,) for g in gates)
+    with torch.enable_grad():  # the gate at 0 still gets a gradient, so routing can switch on
+        ddp_model, batches, loss_fn = translation_batches_and_loss(gated, d)
+        loss_fn(ddp_model, batches[0]).backward()
+    assert all(g.grad is not None and g.grad.abs().sum() > 0 for g in gates)
+    with torch.no_grad():
+        for g in gates:
+            g.fill_(0.7)
+    assert not torch.allclose(invariance.decoder_logits(gated, srcs, tgts, d.pad()), same, atol=1e-4)
+
+
+def test_omega_gate_keeps_padding_causality_incremental():
+    model, d = _model(*ALL_MODULES, "--capsule-omega-gate")
+    with torch.no_grad():
+        for m in _routed(model):
+            m.capsule.omega_gate.uniform_(0.2, 1.5)
+    srcs, tgts = _data(d)
+    invariance.assert_padding_invariant(model, srcs, tgts, d.pad())
+    invariance.assert_decoder_causal(model, srcs[0], tgts[0], d.pad(), len(d))
+    invariance.assert_incremental_equals_full(model, srcs[1], tgts[0], d.pad())
+    plain, _ = _model(*ALL_MODULES)
+    with pytest.raises(ValueError, match="different capsule routing settings"):
+        model.load_state_dict(plain.state_dict())

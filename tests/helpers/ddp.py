@@ -55,6 +55,11 @@ def _worker(rank, setup_path, port, steps, lr, out_dir):
         if rank == 0:
             torch.save({k: v.detach().clone() for k, v in model.state_dict().items()},
                        os.path.join(out_dir, "ddp.pt"))
+        # Tear down in step: free DDP's reducer (it holds the process group) and let both
+        # ranks reach the barrier before the group goes.  Without this, a rank that leaves
+        # first can abort in gloo's teardown ("terminate called without an active exception").
+        del ddp, opt
+        dist.barrier()
     finally:
         dist.destroy_process_group()
 

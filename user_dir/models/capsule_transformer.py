@@ -13,7 +13,9 @@ Flags (besides all of ``transformer``'s):
 * ``--routed-attention`` comma list of ``enc_self``, ``dec_self``, ``enc_dec``
   (default ``enc_self,dec_self``); ``--routed-encoder-layers`` /
   ``--routed-decoder-layers`` restrict routing to some layer indices;
-* ``--capsule-squash {rms,l2}`` and ``--horizontal-max-distance D``.
+* ``--capsule-squash {rms,l2}`` and ``--horizontal-max-distance D``;
+* ``--capsule-omega-gate``: a learned per-head scale on ``Ω``, initialised to 0
+  (not in the paper; decision 7 in :mod:`user_dir.modules.capsule_routing`).
 
 Presets: ``capsule_transformer`` (transformer_wmt_en_de sizes, = base),
 ``capsule_transformer_wmt_en_de_big`` and ``capsule_transformer_iwslt_de_en``.
@@ -56,7 +58,7 @@ logger = logging.getLogger(__name__)
 
 ATTENTION_MODULES = ("enc_self", "dec_self", "enc_dec")
 ROUTING_SETTINGS = ("routing_iters", "capsule_routing", "routed_attention", "routed_encoder_layers",
-                    "routed_decoder_layers", "capsule_squash", "horizontal_max_distance")
+                    "routed_decoder_layers", "capsule_squash", "horizontal_max_distance", "capsule_omega_gate")
 
 
 @dataclass
@@ -77,6 +79,9 @@ class CapsuleTransformerConfig(TransformerConfig):
         default="rms", metadata={"help": "rms: squash on per-entry norms (length independent); l2: literal"})
     horizontal_max_distance: int = field(
         default=8, metadata={"help": "relative distances clipped at D for horizontal initial routing logits"})
+    capsule_omega_gate: bool = field(
+        default=False, metadata={"help": "learned per-head scale on the routing output, initialised to 0 "
+                                         "(not in the paper: training starts from the plain transformer)"})
 
 
 _DEFAULTS = {f.name: f.default for f in fields(CapsuleTransformerConfig) if f.name in ROUTING_SETTINGS}
@@ -127,7 +132,8 @@ def routing_plan(cfg):
 
 def _routing(cfg, heads, causal):
     return CapsuleRouting(heads, routing=str(cfg.capsule_routing), iters=cfg.routing_iters, causal=causal,
-                          squash=str(cfg.capsule_squash), max_distance=cfg.horizontal_max_distance)
+                          squash=str(cfg.capsule_squash), max_distance=cfg.horizontal_max_distance,
+                          omega_gate=bool(getattr(cfg, "capsule_omega_gate", False)))
 
 
 class CapsuleEncoderLayer(TransformerEncoderLayerBase):
@@ -246,7 +252,7 @@ class CapsuleTransformerModel(TransformerModel):
         return super().load_state_dict(state_dict, strict=strict, model_cfg=model_cfg, args=args)
 
 
-_ROUTING_PARAM = re.compile(r"^(.*)\.capsule\.(vertical_logits|horizontal_logits)$")
+_ROUTING_PARAM = re.compile(r"^(.*)\.capsule\.(vertical_logits|horizontal_logits|omega_gate)$")
 
 
 def check_routing_state(model, state_dict):
@@ -279,7 +285,7 @@ def check_routing_state(model, state_dict):
         "checkpoint was trained with different capsule routing settings than the model being loaded: "
         + "; ".join(problems)
         + ". Do not override --capsule-routing / --routed-attention / --routed-*-layers / "
-        "--horizontal-max-distance / head counts when loading (e.g. in --model-overrides).")
+        "--horizontal-max-distance / --capsule-omega-gate / head counts when loading (e.g. in --model-overrides).")
 
 
 # ---------------------------------------------------------------- presets

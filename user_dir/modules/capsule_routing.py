@@ -51,6 +51,11 @@ Reconstruction decisions (the paper's equations are not available)
 6. *Padding.*  Masked logits (pad keys, future keys) and pad query rows are set
    to 0 before routing (never ``-inf``), pad rows are excluded as capsules, and
    the masks are re-applied after adding ``Ω``.
+7. *Optional Ω gate* (``--capsule-omega-gate``, off by default; **not in the
+   paper**).  A learned per-head scale on ``Ω``, initialised to 0: the model
+   starts as the plain transformer and learns how much routing to add
+   (``H`` more parameters per routed module).  For short training budgets,
+   where ``Ω`` at full strength slows early learning (BENCHMARKS.md).
 
 Shapes: ``B`` batch, ``H`` heads, ``Q`` query rows, ``K`` keys.
 """
@@ -144,7 +149,8 @@ class CapsuleRouting(nn.Module):
     """
 
     def __init__(self, num_heads: int, routing: str = "both", iters: int = 3,
-                 causal: bool = False, squash: str = "rms", max_distance: int = 8):
+                 causal: bool = False, squash: str = "rms", max_distance: int = 8,
+                 omega_gate: bool = False):
         super().__init__()
         if routing not in ROUTING_KINDS:
             raise ValueError(f"--capsule-routing must be one of {ROUTING_KINDS}, got {routing!r}")
@@ -162,10 +168,12 @@ class CapsuleRouting(nn.Module):
         if self.horizontal:
             offsets = torch.arange(-max_distance, max_distance + 1, dtype=torch.float)
             self.horizontal_logits = nn.Parameter(-0.5 * offsets.abs())
+        self.omega_gate = nn.Parameter(torch.zeros(num_heads)) if omega_gate else None
 
     def extra_repr(self):
         return (f"routing={self.routing}, iters={self.iters}, causal={self.causal}, "
-                f"squash={self.squash}, max_distance={self.max_distance}")
+                f"squash={self.squash}, max_distance={self.max_distance}, "
+                f"omega_gate={self.omega_gate is not None}")
 
     def forward(self, logits: Tensor, counts: Tensor, state: Optional[Dict[str, Tensor]] = None,
                 capture: bool = False):
@@ -195,6 +203,8 @@ class CapsuleRouting(nn.Module):
             omega = o if omega is None else omega + o
             if capture:
                 info["horizontal_couplings"], info["omega_horizontal"] = c, o
+        if self.omega_gate is not None:  # decision 7: (B, Q, H, K) scaled per head
+            omega = omega * self.omega_gate.view(1, 1, -1, 1)
         return omega, new_state, info
 
     def _size(self, n: Tensor) -> Tensor:
