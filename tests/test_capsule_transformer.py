@@ -100,11 +100,11 @@ VARIANTS = [
     [],
     ALL_MODULES,
     ALL_MODULES + ["--capsule-routing", "vertical"],
-    ALL_MODULES + ["--capsule-routing", "horizontal", "--capsule-squash", "l2", "--horizontal-max-distance", 2],
+    ALL_MODULES + ["--capsule-routing", "horizontal", "--capsule-squash", "rms", "--horizontal-max-distance", 2],
 ]
 
 
-@pytest.mark.parametrize("extra", VARIANTS, ids=["default", "all-both", "all-vertical", "all-horizontal-l2"])
+@pytest.mark.parametrize("extra", VARIANTS, ids=["default", "all-both", "all-vertical", "all-horizontal-rms"])
 def test_padding_causality_incremental(extra):
     model, d = _model(*extra)
     srcs, tgts = _data(d)

@@ -13,7 +13,7 @@ Flags (besides all of ``transformer``'s):
 * ``--routed-attention`` comma list of ``enc_self``, ``dec_self``, ``enc_dec``
   (default ``enc_self,dec_self``); ``--routed-encoder-layers`` /
   ``--routed-decoder-layers`` restrict routing to some layer indices;
-* ``--capsule-squash {rms,l2}`` and ``--horizontal-max-distance D``;
+* ``--capsule-squash {l2,rms}`` (default ``l2``) and ``--horizontal-max-distance D``;
 * ``--capsule-omega-gate``: a learned per-head scale on ``Ω``, initialised to 0
   (not in the paper; decision 7 in :mod:`user_dir.modules.capsule_routing`).
 
@@ -76,7 +76,8 @@ class CapsuleTransformerConfig(TransformerConfig):
     routed_decoder_layers: str = field(
         default="all", metadata={"help": "decoder layer indices (0-based, comma list) to route, or 'all'"})
     capsule_squash: ChoiceEnum(SQUASH_MODES) = field(
-        default="rms", metadata={"help": "rms: squash on per-entry norms (length independent); l2: literal"})
+        default="l2", metadata={"help": "l2: the paper's squash on the capsule's L2 norm; rms: on per-entry "
+                                        "norms (length independent, stronger routing)"})
     horizontal_max_distance: int = field(
         default=8, metadata={"help": "relative distances clipped at D for horizontal initial routing logits"})
     capsule_omega_gate: bool = field(

@@ -27,12 +27,15 @@ Reconstruction decisions (the paper's equations are not available)
    ``2D+1`` scalars for horizontal routing (``D = --horizontal-max-distance``,
    initialised to ``-|n-m|/2``: a locality prior).  These are the only extra
    parameters: ``H² + 2D + 1`` per routed module with ``--capsule-routing both``.
-2. *Squash scale.*  Sabour's squash gives ``||Ω_n|| < 1`` for a capsule of
-   ``Lq·Lk`` entries, which would make ``Ω`` vanish next to ``E`` for long
-   sentences.  With ``--capsule-squash rms`` (default) norms and agreements are
-   measured per entry (``||s||² / size``), so ``rms(Ω_n) = q/(1+q)``
-   independently of sentence length; ``--capsule-squash l2`` is the literal
-   L2 version.
+2. *Squash scale.*  ``--capsule-squash l2`` (default) is the paper's squash
+   (Sabour's, on the L2 norm of the whole capsule): ``||Ω_n|| < 1`` for a
+   capsule of ``Lq·Lk`` entries, so ``Ω`` is a gentle correction of ``E``
+   that shrinks as sentences get longer (trained on Multi30k:
+   ``rms(Ω)/rms(E) ≈ 0.13``).  ``--capsule-squash rms`` measures norms and
+   agreements per entry (``||s||² / size``), so ``rms(Ω_n) = q/(1+q)``
+   independently of sentence length (``rms(Ω)/rms(E) ≈ 0.66``); it trained
+   worse at the Multi30k budget, which is why it is not the default
+   (BENCHMARKS.md, capsule section).
 3. *Vertical couplings* are normalised over output capsules (heads), exactly
    as Sabour / the paper.
 4. *Horizontal couplings* are normalised over the **input** capsules (tokens)
@@ -149,7 +152,7 @@ class CapsuleRouting(nn.Module):
     """
 
     def __init__(self, num_heads: int, routing: str = "both", iters: int = 3,
-                 causal: bool = False, squash: str = "rms", max_distance: int = 8,
+                 causal: bool = False, squash: str = "l2", max_distance: int = 8,
                  omega_gate: bool = False):
         super().__init__()
         if routing not in ROUTING_KINDS:
