@@ -249,8 +249,8 @@ def test_omega_gate_starts_as_the_plain_transformer_and_learns():
     gates = [m.capsule.omega_gate for m in _routed(gated)]
     assert len(gates) == 6 and all(g.shape == (4,) for g in gates)
     with torch.enable_grad():  # the gate at 0 still gets a gradient, so routing can switch on
-        ddp_model, batches, loss_fn = translation_batches_and_loss(gated, d)
-        loss_fn(ddp_model, batches[0]).backward()
+        _, batches, loss_fn = translation_batches_and_loss(gated, d)
+        loss_fn(gated, batches[0]).backward()
     assert all(g.grad is not None and g.grad.abs().sum() > 0 for g in gates)
     with torch.no_grad():
         for g in gates:
@@ -270,3 +270,15 @@ def test_omega_gate_keeps_padding_causality_incremental():
     plain, _ = _model(*ALL_MODULES)
     with pytest.raises(ValueError, match="different capsule routing settings"):
         model.load_state_dict(plain.state_dict())
+
+
+def test_capturing_keeps_the_routing_only_inside_the_block():
+    from user_dir.modules.capsule_routing import capturing
+
+    model, d = _model()
+    srcs, tgts = _data(d)
+    modules = _routed(model)
+    with capturing(modules):
+        invariance.decoder_logits(model, srcs, tgts, d.pad())
+        assert all({"logits_before", "logits_after", "visible"} <= set(m.last_capture) for m in modules)
+    assert all(not m.capture and not m.last_capture for m in modules)

@@ -25,42 +25,29 @@ def module_statistics(model, dataset, sentences):
     """``{module name: (rms E, rms Ω, mean TV)}`` over ``sentences`` items of ``dataset``."""
     import torch
 
-    from user_dir.modules.capsule_routing import CapsuleMultiheadAttention
+    from user_dir.modules.capsule_routing import CapsuleMultiheadAttention, capturing
 
     routed = {n: m for n, m in model.named_modules() if isinstance(m, CapsuleMultiheadAttention)}
     if not routed:
         raise SystemExit("omega_scale: the checkpoint has no capsule-routed attention module")
-    sums = {n: torch.zeros(4, dtype=torch.float64) for n in routed}  # ΣE², ΣΩ², entries, ΣTV, (TV count below)
-    tv_rows = {n: 0 for n in routed}
-    for m in routed.values():
-        m.capture = True
-    try:
-        with torch.no_grad():
-            for i in range(min(sentences, len(dataset))):
-                item = dataset[i]
-                src, tgt = item["source"], item["target"]
-                prev = torch.cat([tgt.new_tensor([dataset.tgt_dict.eos()]), tgt[:-1]])
-                model(src.unsqueeze(0), torch.tensor([src.numel()]), prev.unsqueeze(0))
-                for name, m in routed.items():
-                    cap = m.last_capture
-                    visible = cap["visible"].unsqueeze(1).expand_as(cap["logits_before"])  # (B, H, Q, K)
-                    before, after = cap["logits_before"], cap["logits_after"]
-                    omega = (after - before).masked_fill(~visible, 0.0)
-                    e = before.masked_fill(~visible, 0.0)
-                    p_before = torch.softmax(before.masked_fill(~visible, float("-inf")), -1)
-                    p_after = torch.softmax(after, -1)
-                    tv = 0.5 * (p_after - p_before).abs().sum(-1)  # (B, H, Q)
-                    s = sums[name]
-                    s[0] += e.double().pow(2).sum()
-                    s[1] += omega.double().pow(2).sum()
-                    s[2] += visible.sum()
-                    s[3] += tv.double().sum()
-                    tv_rows[name] += tv.numel()
-    finally:
-        for m in routed.values():
-            m.capture = False
-            m.last_capture = {}
-    return {n: ((s[0] / s[2]).sqrt().item(), (s[1] / s[2]).sqrt().item(), (s[3] / tv_rows[n]).item())
+    # per module: Σ E², Σ Ω², visible entries, Σ TV, (query, head) rows
+    sums = {n: torch.zeros(5, dtype=torch.float64) for n in routed}
+    with capturing(routed.values()), torch.no_grad():
+        for i in range(min(sentences, len(dataset))):
+            item = dataset[i]
+            src, tgt = item["source"], item["target"]
+            prev = torch.cat([tgt.new_tensor([dataset.tgt_dict.eos()]), tgt[:-1]])
+            model(src.unsqueeze(0), torch.tensor([src.numel()]), prev.unsqueeze(0))
+            for name, m in routed.items():
+                cap = m.last_capture
+                before, after = cap["logits_before"], cap["logits_after"]  # (B, H, Q, K); after is masked
+                visible = cap["visible"].unsqueeze(1).expand_as(before)
+                p_before = torch.softmax(before.masked_fill(~visible, float("-inf")), -1)
+                tv = 0.5 * (torch.softmax(after, -1) - p_before).abs().sum(-1)  # (B, H, Q)
+                sums[name] += torch.stack([
+                    before[visible].double().pow(2).sum(), (after - before)[visible].double().pow(2).sum(),
+                    visible.sum().double(), tv.double().sum(), torch.tensor(tv.numel(), dtype=torch.float64)])
+    return {n: ((s[0] / s[2]).sqrt().item(), (s[1] / s[2]).sqrt().item(), (s[3] / s[4]).item())
             for n, s in sums.items()}
 
 

@@ -44,7 +44,7 @@ def main(argv=None):
     import torch
 
     from user_dir.models.capsule_transformer import CapsuleTransformerModel
-    from user_dir.modules.capsule_routing import CapsuleMultiheadAttention
+    from user_dir.modules.capsule_routing import CapsuleMultiheadAttention, capturing
 
     if not os.path.isfile(a.checkpoint):
         sys.exit(f"plot_routing: checkpoint not found: {a.checkpoint}")
@@ -67,11 +67,9 @@ def main(argv=None):
     src = hub.encode(a.source)
     tgt = hub.tgt_dict.encode_line(hub.apply_bpe(a.target), add_if_not_exist=False).long()
     prev = torch.cat([tgt.new_tensor([hub.tgt_dict.eos()]), tgt[:-1]])
-    module.capture = True
-    with torch.no_grad():
+    with capturing([module]), torch.no_grad():
         model(src.unsqueeze(0), torch.tensor([src.numel()]), prev.unsqueeze(0))
-    module.capture = False
-    cap = module.last_capture
+        cap = module.last_capture
 
     def tokens(dictionary, ids):
         return [dictionary[i] for i in ids.tolist()]

@@ -134,7 +134,7 @@ def routing_plan(cfg):
 def _routing(cfg, heads, causal):
     return CapsuleRouting(heads, routing=str(cfg.capsule_routing), iters=cfg.routing_iters, causal=causal,
                           squash=str(cfg.capsule_squash), max_distance=cfg.horizontal_max_distance,
-                          omega_gate=bool(getattr(cfg, "capsule_omega_gate", False)))
+                          omega_gate=cfg.capsule_omega_gate)
 
 
 class CapsuleEncoderLayer(TransformerEncoderLayerBase):

@@ -62,9 +62,10 @@ Reconstruction decisions (the paper's equations are not available)
 
 Shapes: ``B`` batch, ``H`` heads, ``Q`` query rows, ``K`` keys.
 """
+import contextlib
 import functools
 import math
-from typing import Dict, Optional, Tuple
+from typing import Dict, Iterable, Optional, Tuple
 
 import torch
 import torch.nn as nn
@@ -286,7 +287,8 @@ class CapsuleMultiheadAttention(MultiheadAttention):
     reordered with the beam.
 
     ``capture = True`` keeps the last call's logits before routing, ``Ω`` and
-    the couplings in ``last_capture`` (used by the plotting script).
+    the couplings in ``last_capture``; :func:`capturing` sets it for a block of
+    code (the plotting and routing-strength scripts).
     """
 
     def __init__(self, embed_dim, num_heads, routing: CapsuleRouting, **kwargs):
@@ -409,6 +411,20 @@ class CapsuleMultiheadAttention(MultiheadAttention):
                 cap_state[name] = value.index_select(0, new_order)
             self.set_incremental_state(incremental_state, "capsule_state", cap_state)
         return incremental_state
+
+
+@contextlib.contextmanager
+def capturing(modules: Iterable[CapsuleMultiheadAttention]):
+    """Within the block, each module keeps its last call's routing in ``last_capture``;
+    afterwards capturing is off again and the captures are dropped."""
+    modules = list(modules)
+    for m in modules:
+        m.capture = True
+    try:
+        yield
+    finally:
+        for m in modules:
+            m.capture, m.last_capture = False, {}
 
 
 def check_routing_iters(iters) -> None:
