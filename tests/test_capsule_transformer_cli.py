@@ -3,7 +3,7 @@ import os
 
 import pytest
 
-from tests.helpers.cli import ROOT, TINY_TRANSLATION_ARGS, USER_DIR, fairseq, num_lines, train_translation
+from tests.helpers.cli import ROOT, TINY_TRANSLATION_ARGS, USER_DIR, fairseq, num_lines, script, train_translation
 
 CAPSULE = TINY_TRANSLATION_ARGS + ["--routing-iters", "2", "--routed-attention", "enc_self,dec_self,enc_dec"]
 
@@ -40,6 +40,27 @@ def test_hub_translate(toy_translation_bin, trained):
     assert any(isinstance(m, CapsuleMultiheadAttention) for m in hub.models[0].modules())
     out = hub.translate(["the cat sees a dog", "red house"], beam=5)
     assert len(out) == 2 and all(isinstance(s, str) for s in out)
+
+
+@pytest.mark.parametrize("module", ["encoder.layers.0.self_attn", "decoder.layers.0.encoder_attn"])
+def test_plot_routing_writes_png(toy_translation_bin, trained, tmp_path, module):
+    """examples/capsule_transformer/plot_routing.py on a trained checkpoint: a PNG for a self- and a cross-attention."""
+    out = tmp_path / "routing.png"
+    script("examples/capsule_transformer/plot_routing.py", "--checkpoint", trained, "--data", toy_translation_bin,
+           "--bpe-codes", os.path.join(toy_translation_bin, "bpe.codes"), "--source", "the cat sees a dog",
+           "--target", "die katze sieht einen hund", "--module", module, "--head", "1", "--out", out)
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 10_000
+
+
+def test_plot_routing_names_a_bad_head_and_module(toy_translation_bin, trained, tmp_path):
+    common = ["--checkpoint", trained, "--data", toy_translation_bin, "--source", "red house",
+              "--target", "rotes haus", "--out", tmp_path / "x.png"]
+    proc = script("examples/capsule_transformer/plot_routing.py", *common, "--head", "7", check=False)
+    assert proc.returncode != 0 and "--head 7 out of range (the module has 2 heads)" in proc.stderr
+    proc = script("examples/capsule_transformer/plot_routing.py", *common, "--module", "encoder.layers.0.fc1",
+                  check=False)
+    assert proc.returncode != 0 and "is not routed; routed modules: encoder.layers.0.self_attn" in proc.stderr
+    assert not (tmp_path / "x.png").exists()
 
 
 def test_checkpoint_with_other_routing_settings_is_refused(toy_translation_bin, trained):
