@@ -4,7 +4,8 @@
     OMP_NUM_THREADS=1 python benchmarks/fasttrees/speed.py [--repeats 7]
 
 1. training step (forward + backward + Adam) of ``fasttrees_transformer`` vs fairseq's ``transformer``
-   at the same sizes (3+3 layers, d 256, FFN 1024, 4 heads; batch 32 × 20 tokens);  target ≤ 1.2x;
+   at the same sizes (3+3 layers, d 256, FFN 1024, 4 heads; batch 32 × 20 tokens, or ``--batch-size`` ×
+   ``--length``: 200 × 20 is the Multi30k runs' 4,096-token batch);  target ≤ 1.2x;
    1b. the same at equal parameter count (FastTrees with its FFN dim reduced by the FastTrees sublayers'
    parameters, same d and layers); 1c. the equal-dims model with autograd replaying the scan (before/after);
 2. training step of an ON-LSTM LM (benchmarks/fasttrees/onlstm.py) vs a FastTrees LM of equal hidden size
@@ -73,13 +74,13 @@ def train_step_fn(model, loss_fn):
     return step
 
 
-def translation_ratio(repeats):
+def translation_ratio(repeats, B=32, T=20):
     d = toy_dictionary(8000)
     g = torch.Generator().manual_seed(0)
-    src = torch.randint(4, len(d), (32, 20), generator=g)
-    tgt = torch.randint(4, len(d), (32, 20), generator=g)
-    prev = torch.cat([torch.full((32, 1), d.eos()), tgt[:, :-1]], 1)
-    lengths = torch.full((32,), 20)
+    src = torch.randint(4, len(d), (B, T), generator=g)
+    tgt = torch.randint(4, len(d), (B, T), generator=g)
+    prev = torch.cat([torch.full((B, 1), d.eos()), tgt[:, :-1]], 1)
+    lengths = torch.full((B,), T)
 
     def loss(m):
         logits = m(src, lengths, prev)[0]
@@ -186,11 +187,14 @@ def main():
     p = argparse.ArgumentParser()
     p.add_argument("--repeats", type=int, default=7)
     p.add_argument("--only", choices=["1", "2", "3"], help="run one comparison only")
+    p.add_argument("--batch-size", type=int, default=32, help="comparison 1: sentences per batch (default 32)")
+    p.add_argument("--length", type=int, default=20, help="comparison 1: tokens per sentence, each side (default 20)")
     args = p.parse_args()
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, repeats {args.repeats} (medians)")
     if args.only in (None, "1"):
-        t, n, ffn = translation_ratio(args.repeats)
+        t, n, ffn = translation_ratio(args.repeats, args.batch_size, args.length)
+        print(f"1. batch {args.batch_size} x {args.length} tokens per side")
         print(f"1. train step  transformer {t['transformer'] * 1e3:.0f} ms ({n['transformer'] / 1e6:.3f} M params)  "
               f"fasttrees_transformer {t['fasttrees_transformer'] * 1e3:.0f} ms ({n['fasttrees_transformer'] / 1e6:.3f} M)"
               f"  ratio {t['fasttrees_transformer'] / t['transformer']:.2f}x  (equal dims; target <= 1.2x)")
