@@ -11,6 +11,7 @@ from user_dir.modules.fasttrees_layer import (
     cumax,
     fasttrees_modules,
     linear_scan,
+    odd_even_scan,
     sequential_scan,
 )
 from user_dir.modules.fasttrees_trees import (
@@ -48,7 +49,7 @@ def test_parallel_scan_equals_sequential_loop(T):
     got = linear_scan(a, b)
     assert torch.allclose(got, ref, atol=1e-12)
     c0 = torch.randn(3, 8, generator=g, dtype=torch.float64)
-    assert torch.allclose(linear_scan(a, b, c0, block_size=4), sequential_scan(a, b, c0), atol=1e-12)
+    assert torch.allclose(linear_scan(a, b, c0), sequential_scan(a, b, c0), atol=1e-12)
     ga = torch.autograd.grad(ref.sum(), (a, b), allow_unused=True, materialize_grads=True)
     gb = torch.autograd.grad(got.sum(), (a, b), allow_unused=True, materialize_grads=True)
     for x, y in zip(ga, gb):
@@ -59,7 +60,18 @@ def test_parallel_scan_equals_sequential_loop(T):
     assert err < 1e-5, err
 
 
-@pytest.mark.parametrize("T", [3, 9, 70])
+@pytest.mark.parametrize("T", [1, 2, 3, 8, 13, 64, 257])
+def test_reverse_scan_equals_right_to_left_loop(T):
+    """odd_even_scan(reverse=True): c_t = a_t c_{t+1} + b_t, c_T = 0 (the backward pass's recurrence)."""
+    g = torch.Generator().manual_seed(T)
+    a = torch.rand(T, 3, 4, generator=g, dtype=torch.float64)
+    b = torch.randn(T, 3, 4, generator=g, dtype=torch.float64)
+    ref = sequential_scan(a.flip(0), b.flip(0)).flip(0)
+    assert torch.allclose(odd_even_scan(a, b, reverse=True), ref, atol=1e-12)
+    assert torch.allclose(odd_even_scan(a, b), sequential_scan(a, b), atol=1e-12)
+
+
+@pytest.mark.parametrize("T", [2, 3, 9, 70])
 def test_scan_backward_equals_loop_gradients(T):
     """The hand-written backward (a reverse-time scan) gives autograd's gradients of the loop, c0 included."""
     g = torch.Generator().manual_seed(T)
@@ -68,10 +80,10 @@ def test_scan_backward_equals_loop_gradients(T):
     c0 = torch.randn(2, 5, generator=g, dtype=torch.float64).requires_grad_()
     w = torch.randn(T, 2, 5, generator=g, dtype=torch.float64)  # non-uniform upstream gradient
     ref = torch.autograd.grad((sequential_scan(a, b, c0) * w).sum(), (a, b, c0))
-    got = torch.autograd.grad((linear_scan(a, b, c0, block_size=4) * w).sum(), (a, b, c0))
+    got = torch.autograd.grad((linear_scan(a, b, c0) * w).sum(), (a, b, c0))
     for x, y in zip(got, ref):
         assert torch.allclose(x, y, atol=1e-12)
-    assert torch.autograd.gradcheck(lambda a, b: linear_scan(a, b, block_size=4), (a[:7], b[:7]))
+    assert torch.autograd.gradcheck(lambda a, b: linear_scan(a, b), (a[:7], b[:7]))
 
 
 def test_scan_is_not_trivially_equal():

@@ -7,7 +7,7 @@
    at the same sizes (3+3 layers, d 256, FFN 1024, 4 heads; batch 32 × 20 tokens, or ``--batch-size`` ×
    ``--length``: 200 × 20 is the Multi30k runs' 4,096-token batch);  target ≤ 1.2x;
    1b. the same at equal parameter count (FastTrees with its FFN dim reduced by the FastTrees sublayers'
-   parameters, same d and layers); 1c. the equal-dims model with autograd replaying the scan (before/after);
+   parameters, same d and layers);
 2. training step of an ON-LSTM LM (benchmarks/fasttrees/onlstm.py) vs a FastTrees LM of equal hidden size
    and depth whose layers are FastTrees sublayers (the paper's Table 1 comparison), and vs the full
    ``fasttrees_transformer_lm`` (3 layers, hidden 256, batch 16 × 70 tokens);  target ≥ 1.3x faster;
@@ -31,7 +31,7 @@ import user_dir  # noqa: E402,F401
 from onlstm import ONLSTMLanguageModel  # noqa: E402
 from tests.helpers.models import build, toy_dictionary  # noqa: E402
 from user_dir.modules.fasttrees_layer import (  # noqa: E402
-    FastTreesOptions, FastTreesSublayer, _blocked_scan, fasttrees_modules, linear_scan, sequential_scan)
+    FastTreesOptions, FastTreesSublayer, linear_scan, sequential_scan)
 
 SIZES = ["--encoder-layers", 3, "--decoder-layers", 3, "--encoder-embed-dim", 256, "--decoder-embed-dim", 256,
          "--encoder-ffn-embed-dim", 1024, "--decoder-ffn-embed-dim", 1024, "--encoder-attention-heads", 4,
@@ -97,11 +97,6 @@ def translation_ratio(repeats, B=32, T=20):
     sizes = [str(ffn) if str(v) == "1024" else v for v in SIZES]
     model, _ = build("fasttrees_transformer", sizes, dictionary=d)
     steps["fasttrees_equal_params"], params["fasttrees_equal_params"] = train_step_fn(model, loss), n_params(model)
-    # before/after: the same FastTrees model with autograd replaying the scan (no hand-written backward)
-    model, _ = build("fasttrees_transformer", SIZES, dictionary=d)
-    for layer in fasttrees_modules(model):
-        layer._scan = lambda a, b, c0: _blocked_scan(a, b) if c0 is None else linear_scan(a, b, c0)
-    steps["fasttrees_autograd_scan"] = train_step_fn(model, loss)
     return interleaved(steps, repeats), params, ffn
 
 
@@ -202,9 +197,6 @@ def main():
               f"({n['fasttrees_equal_params'] / 1e6:.3f} M params, {n['fasttrees_equal_params'] / n['transformer']:.3f} "
               f"of the vanilla count) {t['fasttrees_equal_params'] * 1e3:.0f} ms  ratio "
               f"{t['fasttrees_equal_params'] / t['transformer']:.2f}x  (target <= 1.2x)")
-        print(f"1c. the equal-dims fasttrees_transformer with autograd replaying the scan (no hand-written "
-              f"backward) {t['fasttrees_autograd_scan'] * 1e3:.0f} ms  ratio "
-              f"{t['fasttrees_autograd_scan'] / t['transformer']:.2f}x")
     if args.only in (None, "2"):
         o = onlstm_ratio(args.repeats)
         print(f"2. train step  ON-LSTM LM {o['onlstm'] * 1e3:.0f} ms;  FastTrees LM (FastTrees layers in place of the "

@@ -141,84 +141,86 @@ def sequential_scan(a, b, c0=None):
     return torch.stack(out, 0)
 
 
-def _doubling_scan(a, b, dim, need_products=True):
-    """Hillis–Steele scan along ``dim`` over the associative operator ``(a, b) ∘ (a', b') = (a·a', a'·b + b')``.
-
-    ``⌈log2 T⌉`` vectorised steps; returns ``(c, P)`` with ``P_t = Π_{l≤t} a_l``
-    (``P`` is only complete when ``need_products``).
-    """
-    T, k = a.size(dim), 1
-    while k < T:
-        hi_a = a.narrow(dim, k, T - k)
-        b = torch.cat([b.narrow(dim, 0, k), torch.addcmul(b.narrow(dim, k, T - k), hi_a, b.narrow(dim, 0, T - k))],
-                      dim)
-        if need_products or 2 * k < T:
-            a = torch.cat([a.narrow(dim, 0, k), hi_a * a.narrow(dim, 0, T - k)], dim)
-        k *= 2
-    return b, a
-
-
-def linear_scan(a, b, c0=None, block_size=8):
+def linear_scan(a, b, c0=None):
     """Parallel evaluation of the linear recurrence ``c_t = a_t ∘ c_{t−1} + b_t`` (time is dim 0).
 
-    Forward: :func:`_blocked_scan`.  Backward (:class:`_LinearScan`): the
+    Forward: :func:`odd_even_scan`.  Backward (:class:`_LinearScan`): the
     adjoint ``g_t = ∂L/∂c_t + a_{t+1} g_{t+1}`` is the same linear recurrence
     run right to left, so it is one more parallel scan, and
     ``∂L/∂b_t = g_t``, ``∂L/∂a_t = g_t c_{t−1}``; this replaces autograd's
-    replay of every scan step (same gradients, a fraction of the work).
+    replay of every scan level (same gradients, a fraction of the work).
     ``c0`` (the incremental state c_{t−1}) enters as ``b_1 + a_1 c0``.
     """
     if c0 is not None:
         b = torch.cat([torch.addcmul(b[:1], a[:1], c0.unsqueeze(0)), b[1:]], 0)
     if not (a.requires_grad or b.requires_grad):
-        return _blocked_scan(a, b, block_size)
-    return _LinearScan.apply(a, b, block_size)
+        return odd_even_scan(a, b)
+    return _LinearScan.apply(a, b)
 
 
 class _LinearScan(torch.autograd.Function):
-    """:func:`_blocked_scan` with its gradient computed by a reverse-time scan (see :func:`linear_scan`)."""
+    """:func:`odd_even_scan` with its gradient computed by a reverse-time scan (see :func:`linear_scan`)."""
 
     @staticmethod
-    def forward(ctx, a, b, block_size):
-        c = _blocked_scan(a, b, block_size)
+    def forward(ctx, a, b):
+        c = odd_even_scan(a, b)
         ctx.save_for_backward(a, c)
-        ctx.block_size = block_size
         return c
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_c):
         a, c = ctx.saved_tensors
-        a_next = torch.cat([a[1:], torch.zeros_like(a[:1])], 0)  # a_{t+1}; nothing follows the last step
-        g = _blocked_scan(a_next.flip(0), grad_c.flip(0), ctx.block_size).flip(0)
-        c_prev = torch.cat([torch.zeros_like(c[:1]), c[:-1]], 0)
-        return g * c_prev, g, None
+        a_next = torch.empty(a.shape, dtype=a.dtype, device=a.device)  # a_{t+1}; nothing follows the last step
+        a_next[:-1] = a[1:]
+        a_next[-1] = 0
+        g = odd_even_scan(a_next, grad_c, reverse=True)
+        grad_a = torch.empty(c.shape, dtype=c.dtype, device=c.device)
+        grad_a[0] = 0  # c_{-1} = 0 (c0 is folded into b_1 by linear_scan)
+        torch.mul(g[1:], c[:-1], out=grad_a[1:])
+        return grad_a, g
 
 
-def _blocked_scan(a, b, block_size=8):
-    """A blocked parallel prefix scan of ``c_t = a_t ∘ c_{t−1} + b_t`` (c_0 = 0, time is dim 0).
+def odd_even_scan(a, b, reverse=False):
+    """Work-efficient parallel scan of a linear recurrence (time is dim 0, no Python loop over time).
 
-    Every block of ``block_size`` steps is scanned with :func:`_doubling_scan`
-    (all blocks at once), the carries between blocks obey the same recurrence
-    on a ``block_size`` times shorter sequence (solved recursively), and one
-    fused multiply-add applies them.  No Python loop over time; only products
-    and sums of the recurrence's own numbers (|a| ≤ 1 here), no division, exp
-    or log, so it is as accurate as the sequential loop.
+    ``reverse=False``: ``c_t = a_t ∘ c_{t−1} + b_t`` with ``c_{−1} = 0``;
+    ``reverse=True``: ``c_t = a_t ∘ c_{t+1} + b_t`` with ``c_T = 0``.
+
+    Odd–even reduction: neighbouring steps are composed pairwise (the operator
+    ``(a, b) ∘ (a', b') = (a·a', a'·b + b')`` is associative), which gives the
+    same recurrence on every second position at half the length; it is solved
+    recursively and the other positions follow from it in one fused
+    multiply-add.  ``⌈log2 T⌉`` levels of vectorised ops on strided views,
+    O(T) work in all (about twice the sequential loop's), and only products
+    and sums of the recurrence's own numbers (no division, exp or log), so it
+    is as accurate as the loop.
     """
     T = a.size(0)
-    if T <= block_size:
-        return _doubling_scan(a, b, 0, need_products=False)[0]
-    nb = -(-T // block_size)
-    extra = nb * block_size - T
-    if extra:  # identity steps at the end
-        a = torch.cat([a, a.new_ones((extra,) + a.shape[1:])], 0)
-        b = torch.cat([b, b.new_zeros((extra,) + b.shape[1:])], 0)
-    shape = (nb, block_size) + a.shape[1:]
-    c_local, products = _doubling_scan(a.reshape(shape), b.reshape(shape), 1)
-    carry = _blocked_scan(products[:, -1], c_local[:, -1], block_size)  # c at each block's end
-    carry_in = torch.cat([torch.zeros_like(carry[:1]), carry[:-1]], 0)
-    c = torch.addcmul(c_local, products, carry_in.unsqueeze(1))
-    return c.reshape((nb * block_size,) + a.shape[1:])[:T]
+    if T == 1:
+        return b.clone()
+    c = torch.empty(b.shape, dtype=b.dtype, device=b.device)
+    if not reverse:
+        n = T // 2  # pairs (2j, 2j+1) -> the recurrence of c_{2j+1}
+        a_lo, a_hi, b_lo, b_hi = a[0:2 * n:2], a[1:2 * n:2], b[0:2 * n:2], b[1:2 * n:2]
+        c_odd = odd_even_scan(a_hi * a_lo, torch.addcmul(b_hi, a_hi, b_lo))
+        c[1:2 * n:2] = c_odd
+        c[0] = b[0]
+        m = (T - 1) // 2  # c_{2j} = a_{2j} c_{2j−1} + b_{2j}, j = 1..m
+        if m:
+            torch.addcmul(b[2::2], a[2::2], c_odd[:m], out=c[2::2])
+        return c
+    o = T % 2  # pairs (o+2j, o+2j+1) -> the recurrence of c_{o+2j}; c_0 alone when T is odd
+    n = (T - o) // 2
+    a_lo, a_hi, b_lo, b_hi = a[o:T:2], a[o + 1:T:2], b[o:T:2], b[o + 1:T:2]
+    c_lo = odd_even_scan(a_lo * a_hi, torch.addcmul(b_lo, a_lo, b_hi), reverse=True)
+    c[o:T:2] = c_lo
+    c[T - 1] = b[T - 1]  # c_T = 0
+    if n > 1:  # c_{o+2j+1} = a_{o+2j+1} c_{o+2j+2} + b_{o+2j+1}
+        torch.addcmul(b_hi[:n - 1], a_hi[:n - 1], c_lo[1:], out=c[o + 1:T - 1:2])
+    if o:
+        torch.addcmul(b[0], a[0], c_lo[0], out=c[0])
+    return c
 
 
 # --------------------------------------------------------------------------- sublayer
