@@ -10,17 +10,17 @@ same inputs (T × B × 256), medians.
 import argparse
 import importlib.util
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
-import time
 
 import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+from speed import interleaved  # noqa: E402
 from user_dir.modules import fasttrees_layer as current  # noqa: E402
 
 
@@ -49,15 +49,7 @@ def main():
         fns = {"old": lambda: old.linear_scan(x, y).sum().backward(),
                "new": lambda: current.linear_scan(x, y).sum().backward(),
                "loop": lambda: current.sequential_scan(x, y).sum().backward()}
-        times = {k: [] for k in fns}
-        for fn in fns.values():
-            fn()
-        for _ in range(a.repeats):
-            for k, fn in fns.items():
-                t = time.perf_counter()
-                fn()
-                times[k].append(time.perf_counter() - t)
-        m = {k: statistics.median(v) * 1e3 for k, v in times.items()}
+        m = {k: v * 1e3 for k, v in interleaved(fns, a.repeats).items()}
         print(f"T {T} B {B}: old {m['old']:.1f} ms  new {m['new']:.1f} ms  loop {m['loop']:.1f} ms  "
               f"old/new {m['old'] / m['new']:.2f}x  loop/new {m['loop'] / m['new']:.2f}x")
 
