@@ -1,0 +1,50 @@
+#!/usr/bin/env python
+"""Where the training step of the equal-parameter FastTrees model (speed.py comparison 1b) spends its time.
+
+    OMP_NUM_THREADS=1 python benchmarks/fasttrees/profile_step.py [--batch-size 200] [--length 20] [--steps 3]
+
+Prints ``torch.profiler``'s table of ops by self CPU time over ``--steps`` training steps; the scan's share is
+the ``_LinearScan`` / ``_LinearScanBackward`` rows (CPU total).
+"""
+import argparse
+import os
+import sys
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from speed import SIZES, build, toy_dictionary, train_step_fn  # noqa: E402
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--batch-size", type=int, default=200)
+    p.add_argument("--length", type=int, default=20)
+    p.add_argument("--steps", type=int, default=3)
+    p.add_argument("--ffn", type=int, default=366, help="FFN dim of the FastTrees model (366: equal parameters)")
+    a = p.parse_args()
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+    d = toy_dictionary(8000)
+    g = torch.Generator().manual_seed(0)
+    src = torch.randint(4, len(d), (a.batch_size, a.length), generator=g)
+    tgt = torch.randint(4, len(d), (a.batch_size, a.length), generator=g)
+    prev = torch.cat([torch.full((a.batch_size, 1), d.eos()), tgt[:, :-1]], 1)
+    lengths = torch.full((a.batch_size,), a.length)
+
+    def loss(m):
+        logits = m(src, lengths, prev)[0]
+        return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.size(-1)), tgt.reshape(-1))
+
+    model, _ = build("fasttrees_transformer", [str(a.ffn) if str(v) == "1024" else v for v in SIZES], dictionary=d)
+    step = train_step_fn(model, loss)
+    step()
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(a.steps):
+            step()
+    print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=40))
+
+
+if __name__ == "__main__":
+    main()
