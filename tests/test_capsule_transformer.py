@@ -91,6 +91,9 @@ def test_default_routes_encoder_and_decoder_self_attention():
     model, _ = _model("--routed-attention", "enc_dec", "--routed-decoder-layers", "1")
     names = [n for n, m in model.named_modules() if isinstance(m, CapsuleMultiheadAttention)]
     assert names == ["decoder.layers.1.encoder_attn"]
+    model, _ = _model("--routed-attention", "enc_self")  # the Multi30k setting (docs/capsule_transformer.md)
+    names = [n for n, m in model.named_modules() if isinstance(m, CapsuleMultiheadAttention)]
+    assert names == ["encoder.layers.0.self_attn", "encoder.layers.1.self_attn"]
 
 
 # ------------------------------------------------------------------ batching invariances
@@ -98,13 +101,14 @@ def test_default_routes_encoder_and_decoder_self_attention():
 
 VARIANTS = [
     [],
+    ["--routed-attention", "enc_self"],
     ALL_MODULES,
     ALL_MODULES + ["--capsule-routing", "vertical"],
     ALL_MODULES + ["--capsule-routing", "horizontal", "--capsule-squash", "rms", "--horizontal-max-distance", 2],
 ]
 
 
-@pytest.mark.parametrize("extra", VARIANTS, ids=["default", "all-both", "all-vertical", "all-horizontal-rms"])
+@pytest.mark.parametrize("extra", VARIANTS, ids=["default", "enc-self", "all-both", "all-vertical", "all-horizontal-rms"])
 def test_padding_causality_incremental(extra):
     model, d = _model(*extra)
     srcs, tgts = _data(d)
