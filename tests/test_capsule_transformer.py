@@ -24,8 +24,12 @@ def _data(d):
     return srcs, tgts
 
 
+def _routed_by_name(model):
+    return {n: m for n, m in model.named_modules() if isinstance(m, CapsuleMultiheadAttention)}
+
+
 def _routed(model):
-    return [m for m in model.modules() if isinstance(m, CapsuleMultiheadAttention)]
+    return list(_routed_by_name(model).values())
 
 
 # ------------------------------------------------------------------ routing semantics
@@ -82,18 +86,14 @@ def test_routing_changes_the_model_and_iterations_matter():
 
 
 def test_default_routes_encoder_and_decoder_self_attention():
-    model, _ = _model()
-    names = sorted(n for n, m in model.named_modules() if isinstance(m, CapsuleMultiheadAttention))
-    assert names == ["decoder.layers.0.self_attn", "decoder.layers.1.self_attn",
-                     "encoder.layers.0.self_attn", "encoder.layers.1.self_attn"]
-    assert all(m.capsule.causal == n.startswith("decoder") for n, m in model.named_modules()
-               if isinstance(m, CapsuleMultiheadAttention))
+    routed = _routed_by_name(_model()[0])
+    assert sorted(routed) == ["decoder.layers.0.self_attn", "decoder.layers.1.self_attn",
+                              "encoder.layers.0.self_attn", "encoder.layers.1.self_attn"]
+    assert all(m.capsule.causal == n.startswith("decoder") for n, m in routed.items())
     model, _ = _model("--routed-attention", "enc_dec", "--routed-decoder-layers", "1")
-    names = [n for n, m in model.named_modules() if isinstance(m, CapsuleMultiheadAttention)]
-    assert names == ["decoder.layers.1.encoder_attn"]
+    assert list(_routed_by_name(model)) == ["decoder.layers.1.encoder_attn"]
     model, _ = _model("--routed-attention", "enc_self")  # the Multi30k setting (docs/capsule_transformer.md)
-    names = [n for n, m in model.named_modules() if isinstance(m, CapsuleMultiheadAttention)]
-    assert names == ["encoder.layers.0.self_attn", "encoder.layers.1.self_attn"]
+    assert list(_routed_by_name(model)) == ["encoder.layers.0.self_attn", "encoder.layers.1.self_attn"]
 
 
 # ------------------------------------------------------------------ batching invariances

@@ -15,7 +15,7 @@ from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from speed import SIZES, build, toy_dictionary, train_step_fn  # noqa: E402
+from speed import build, sizes_with_ffn, toy_dictionary, train_step_fn, translation_loss  # noqa: E402
 
 
 def main():
@@ -27,18 +27,8 @@ def main():
     a = p.parse_args()
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     d = toy_dictionary(8000)
-    g = torch.Generator().manual_seed(0)
-    src = torch.randint(4, len(d), (a.batch_size, a.length), generator=g)
-    tgt = torch.randint(4, len(d), (a.batch_size, a.length), generator=g)
-    prev = torch.cat([torch.full((a.batch_size, 1), d.eos()), tgt[:, :-1]], 1)
-    lengths = torch.full((a.batch_size,), a.length)
-
-    def loss(m):
-        logits = m(src, lengths, prev)[0]
-        return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.size(-1)), tgt.reshape(-1))
-
-    model, _ = build("fasttrees_transformer", [str(a.ffn) if str(v) == "1024" else v for v in SIZES], dictionary=d)
-    step = train_step_fn(model, loss)
+    model, _ = build("fasttrees_transformer", sizes_with_ffn(a.ffn), dictionary=d)
+    step = train_step_fn(model, translation_loss(d, a.batch_size, a.length))
     step()
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         for _ in range(a.steps):

@@ -8,11 +8,10 @@ the working tree's; both ``linear_scan`` functions and the sequential loop are t
 same inputs (T × B × 256), medians.
 """
 import argparse
-import importlib.util
 import os
 import subprocess
 import sys
-import tempfile
+import types
 
 import torch
 
@@ -27,12 +26,8 @@ from user_dir.modules import fasttrees_layer as current  # noqa: E402
 def load_old(commit):
     source = subprocess.run(["git", "show", f"{commit}:user_dir/modules/fasttrees_layer.py"], cwd=ROOT,
                             check=True, capture_output=True, text=True).stdout
-    with tempfile.NamedTemporaryFile("w", suffix=".py", delete=False) as f:
-        f.write(source)
-    spec = importlib.util.spec_from_file_location("fasttrees_layer_old", f.name)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    os.unlink(f.name)
+    module = types.ModuleType("fasttrees_layer_old")
+    exec(compile(source, f"{commit}:user_dir/modules/fasttrees_layer.py", "exec"), module.__dict__)
     return module
 
 

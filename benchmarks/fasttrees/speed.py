@@ -74,8 +74,8 @@ def train_step_fn(model, loss_fn):
     return step
 
 
-def translation_ratio(repeats, B=32, T=20):
-    d = toy_dictionary(8000)
+def translation_loss(d, B, T):
+    """Cross-entropy of a model on one fixed random B × T translation batch (teacher forcing)."""
     g = torch.Generator().manual_seed(0)
     src = torch.randint(4, len(d), (B, T), generator=g)
     tgt = torch.randint(4, len(d), (B, T), generator=g)
@@ -86,6 +86,17 @@ def translation_ratio(repeats, B=32, T=20):
         logits = m(src, lengths, prev)[0]
         return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.size(-1)), tgt.reshape(-1))
 
+    return loss
+
+
+def sizes_with_ffn(ffn):
+    """SIZES with the FFN dim (1024) of encoder and decoder replaced by ``ffn``."""
+    return [str(ffn) if str(v) == "1024" else v for v in SIZES]
+
+
+def translation_ratio(repeats, B=32, T=20):
+    d = toy_dictionary(8000)
+    loss = translation_loss(d, B, T)
     steps, params = {}, {}
     for arch in ("transformer", "fasttrees_transformer"):
         extra = SIZES if arch.startswith("fasttrees") else SIZES[:-2]
@@ -94,8 +105,7 @@ def translation_ratio(repeats, B=32, T=20):
     # equal parameter count: the FastTrees model's FFN shrunk by the FastTrees sublayers' parameters
     # (6 FFNs of (2d + 1) parameters per FFN unit; d = 256)
     ffn = round(1024 - (params["fasttrees_transformer"] - params["transformer"]) / (6 * (2 * 256 + 1)))
-    sizes = [str(ffn) if str(v) == "1024" else v for v in SIZES]
-    model, _ = build("fasttrees_transformer", sizes, dictionary=d)
+    model, _ = build("fasttrees_transformer", sizes_with_ffn(ffn), dictionary=d)
     steps["fasttrees_equal_params"], params["fasttrees_equal_params"] = train_step_fn(model, loss), n_params(model)
     return interleaved(steps, repeats), params, ffn
 
