@@ -7,6 +7,8 @@ error (plus a small ``floor``).  ``run(model) -> Tensor`` is a closure over inte
 inputs, so the same inputs reach every copy.
 """
 import copy
+import json
+import os
 
 import torch
 import torch.nn as nn
@@ -52,9 +54,21 @@ def assert_low_precision_close(model, run, baseline, baseline_run, dtype, factor
     err = low_precision_error(model, run, dtype)
     base = low_precision_error(baseline, baseline_run, dtype)
     limit = factor * base + floor
+    _record(dtype, err, base, limit)
     assert err <= limit, (f"{dtype}: max error vs float32 {err:.3g} > {limit:.3g} "
                           f"({factor} x the baseline's {base:.3g} + {floor})")
     return err, base
+
+
+def _record(dtype, err, base, limit):
+    """With ``PRECISION_REPORT=<file>`` set, appends the figures as a JSON line (the test's id
+    included): ``benchmarks/mixed_precision/table.py`` makes BENCHMARKS.md's table from them."""
+    path = os.environ.get("PRECISION_REPORT")
+    if path:
+        test = os.environ.get("PYTEST_CURRENT_TEST", "").rsplit(" ", 1)[0]
+        with open(path, "a") as f:
+            f.write(json.dumps({"test": test, "dtype": str(dtype).replace("torch.", ""), "error": err,
+                                "baseline_error": base, "limit": limit}) + "\n")
 
 
 def assert_autocast_backward(model, run, dtype=torch.bfloat16, seed=0):
