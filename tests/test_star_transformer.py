@@ -400,3 +400,24 @@ def test_checkpoint_config_without_block_dropout_loads():
         del cfg["star_block_dropout"]
     encoder = StarTransformerEncoder(cfg, toy_dictionary())
     assert all(c.block_dropout == 0.0 for c in encoder.star.cycles)  # follows --dropout 0
+
+
+@pytest.mark.parametrize("features", ["paper", "mult"])
+def test_nli_pair_features(features):
+    """The NLI head reads [r1; r2; |r1-r2|; r1-r2] (paper Sec. 5.3, default) or [r1; r2; |r1-r2|; r1*r2] (mult)."""
+    args = TINY if features == "paper" else TINY + ["--nli-features", "mult"]
+    model, d = build("star_transformer", args)
+    assert model.cfg.nli_features == features
+    model.register_classification_head("nli", num_classes=3, input_multiplier=4)
+    model.eval()
+    premise, hypothesis = random_sentences(d, [6, 4])
+    with torch.no_grad():
+        logits, _ = model(premise[None], classification_head_name="nli", pair_tokens=hypothesis[None])
+        r1 = model.sentence_vector(premise[None])[0]
+        r2 = model.sentence_vector(hypothesis[None])[0]
+        last = {"paper": r1 - r2, "mult": r1 * r2}
+        expected = {k: model.classification_heads["nli"](torch.cat([r1, r2, (r1 - r2).abs(), v], -1))
+                    for k, v in last.items()}
+    torch.testing.assert_close(logits, expected[features], rtol=0, atol=1e-6)
+    other = "mult" if features == "paper" else "paper"
+    assert (logits - expected[other]).abs().max() > 1e-4

@@ -80,7 +80,7 @@ def test_nli_sentence_pair_train_validate(tmp_path):
                       "sentence_prediction", "--num-classes", 3, "--path", save / "checkpoint_last.pt",
                       "--valid-subset", "test", "--batch-size", 8, "--cpu")
     assert 0.0 <= _metric(out.stdout + out.stderr, "accuracy") <= 100.0
-    # the pair head reads [r1; r2; |r1-r2|; r1*r2]
+    # the pair head reads four d-sized features ([r1; r2; |r1-r2|; r1-r2] by default)
     state = torch.load(save / "checkpoint_last.pt", weights_only=False)["model"]
     assert state["classification_heads.sentence_classification_head.dense.weight"].shape[1] == 4 * 16
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# SNLI as a sentence-vector model ([r1; r2; |r1-r2|; r1*r2] -> MLP). shared/data has only dev+test:
+# SNLI as a sentence-vector model ([r1; r2; |r1-r2|; r1-r2] -> MLP, the paper's; EXTRA="--nli-features mult" for r1*r2). shared/data has only dev+test:
 # by default the dev file is split (first 1000 pairs: validation, rest: training). With the real
 # 550k train file: TRAIN=/path/train.txt (paper budget: 120 epochs at bsz 128).
 #   MAX_UPDATE=500 bash examples/star_transformer/run_snli.sh
@@ -14,6 +14,6 @@ export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} MKL_NUM_THREADS=${MKL_NUM_THREADS:-
     --arch star_transformer_snli --max-positions 128 --optimizer adam --lr 1e-4 --weight-decay 1e-5 --clip-norm 5 \
     --batch-size 128 --max-update "$MAX_UPDATE" --max-epoch 0 --cpu --num-workers 0 --log-format simple \
     --no-epoch-checkpoints --best-checkpoint-metric accuracy --maximize-best-checkpoint-metric \
-    --user-dir "$ROOT/user_dir" --save-dir "$WORK/ck" ${VECTORS:+--pretrained-embeddings "$VECTORS" --freeze-embeddings} > "$WORK/train.log" 2>&1
+    --user-dir "$ROOT/user_dir" --save-dir "$WORK/ck" ${EXTRA:-} ${VECTORS:+--pretrained-embeddings "$VECTORS" --freeze-embeddings} > "$WORK/train.log" 2>&1
 "$BIN/fairseq-validate" "$WORK/bin" --task sentence_pair_classification --criterion sentence_prediction --num-classes 3 \
     --path "$WORK/ck/checkpoint_best.pt" --valid-subset test --batch-size 128 --cpu --user-dir "$ROOT/user_dir" | grep "valid on"

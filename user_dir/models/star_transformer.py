@@ -6,7 +6,9 @@ runs with fairseq's own ``sentence_prediction`` task and criterion, and with the
 
 * sentence classification (paper Sec. 3.3 / 5.2): r = s^T + max_i(h_i^T) -> MLP;
 * NLI as a sentence-vector model (paper Sec. 5.3): premise and hypothesis encoded
-  separately, [r1; r2; |r1 - r2|; r1 * r2] -> MLP (``pair_tokens`` in ``net_input``);
+  separately, [r1; r2; |r1 - r2|; r1 - r2] -> MLP as the paper's text gives it
+  (``--nli-features paper``, default) or [r1; r2; |r1 - r2|; r1 * r2], the usual
+  sentence-encoder features (``--nli-features mult``); ``pair_tokens`` in ``net_input``;
 * sequence labelling (paper Sec. 5.4): h_i^T -> linear (optionally a CRF);
 * masked summation (paper Sec. 5.1): continuous inputs (``src_features``) -> regression.
 
@@ -34,6 +36,7 @@ ACTIVATION_CHOICES = ChoiceEnum(["relu", "leaky_relu"])
 ENCODER_CHOICES = ChoiceEnum(["star", "transformer"])
 NORM_CHOICES = ChoiceEnum(["post", "pre"])
 POOLING_CHOICES = ChoiceEnum(["sum", "mean"])
+NLI_FEATURE_CHOICES = ChoiceEnum(["paper", "mult"])
 
 
 @dataclass
@@ -81,6 +84,8 @@ class StarTransformerConfig(FairseqDataclass):
     pooler_activation_fn: ChoiceEnum(["leaky_relu", "relu", "tanh", "gelu"]) = field(default="leaky_relu", metadata={
         "help": "MLP activation (fastNLP: leaky_relu)"})
     pooler_dropout: float = field(default=0.1)
+    nli_features: NLI_FEATURE_CHOICES = field(default="paper", metadata={
+        "help": "NLI pair features: paper: [r1; r2; |r1-r2|; r1-r2] (Sec. 5.3); mult: [r1; r2; |r1-r2|; r1*r2]"})
 
 
 def load_word_vectors(path, dictionary, embedding: nn.Embedding, normalize=False):
@@ -308,7 +313,7 @@ class StarTransformerModel(FairseqEncoderModel):
     def register_classification_head(self, name, num_classes=None, inner_dim=None, input_multiplier=1, **kwargs):
         """RoBERTa's interface (used by fairseq's ``sentence_prediction`` task).
 
-        ``input_multiplier=4`` builds the NLI head over [r1; r2; |r1 - r2|; r1 * r2].
+        ``input_multiplier=4`` builds the NLI head over the four pair features (``--nli-features``).
         """
         d = self.cfg.encoder_embed_dim
         inner = inner_dim or self.cfg.classifier_hidden_dim or d
@@ -339,7 +344,7 @@ class StarTransformerModel(FairseqEncoderModel):
             return enc["encoder_out"][0].transpose(0, 1), extra
         if pair_tokens is not None:
             r2, _ = self.sentence_vector(pair_tokens, pair_lengths)
-            r = torch.cat([r, r2, (r - r2).abs(), r * r2], -1)
+            r = torch.cat([r, r2, (r - r2).abs(), r - r2 if self.cfg.nli_features == "paper" else r * r2], -1)
         return self.classification_heads[classification_head_name](r), extra
 
     def upgrade_state_dict_named(self, state_dict, name):

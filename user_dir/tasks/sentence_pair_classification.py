@@ -3,9 +3,10 @@
 Same data layout as fairseq's ``sentence_prediction`` for pairs (``DATA/input0``,
 ``DATA/input1``, ``DATA/label``; ``preprocess/snli_prepare.py`` writes it), but the two
 sentences are *not* concatenated: the batch carries the premise as ``src_tokens`` and the
-hypothesis as ``pair_tokens``, each model encodes them separately and classifies
-[r1; r2; |r1 - r2|; r1 * r2] with an MLP (the head is registered with
-``input_multiplier=4``).  Training and validation use fairseq's ``sentence_prediction``
+hypothesis as ``pair_tokens``, each model encodes them separately and classifies four
+pair features with an MLP (the head is registered with ``input_multiplier=4``): the Star
+model's ``--nli-features paper`` (default) gives [r1; r2; |r1 - r2|; r1 - r2] as in the
+paper's text, ``--nli-features mult`` the usual [r1; r2; |r1 - r2|; r1 * r2].  Training and validation use fairseq's ``sentence_prediction``
 criterion unchanged (``--criterion sentence_prediction``).
 """
 import os
