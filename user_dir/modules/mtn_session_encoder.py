@@ -19,6 +19,14 @@ A session arrives as one fairseq source row ``q_1 </q> q_2 </q> … q_m <eos>``
    ``TransformerEncoderLayer`` s (attention, FFN, residuals, layer norms) over
    the query vectors with a causal mask, so query j attends to queries ≤ j only
    ("prevents information leakage from subsequent queries");
+   **deviation**: the paper says each layer of this encoder "is similar to the
+   middle sublayer in a Transformer decoder layer", i.e. the encoder-decoder
+   (cross-)attention sublayer; here each layer is causal *self*-attention + FFN
+   (a decoder layer without its cross-attention).  The session level has one
+   sequence (the query vectors), so the cross-attention reading would need a
+   second one (e.g. keys/values from the projected query vectors, queries from
+   the layer below); the paper does not say which, and that variant is not built
+   (docs/mtn.md, "Choices where the paper is silent");
 6. **skip connection**: each token representation gets its query's session
    representation added ("we refine the individual token representations … by
    adding the representation of q … via a skip connection").
