@@ -4,7 +4,11 @@
 Input: a directory with one file per split and language, e.g. ``train.en``,
 ``valid.en``, ``test.en`` (``val``/``dev`` prefixes, name infixes such as
 ``train.lc.norm.tok.en`` and ``.gz`` files are recognised; ``--train-pref``,
-``--valid-pref``, ``--test-pref`` pick them explicitly).
+``--valid-pref``, ``--test-pref`` pick them explicitly).  As with
+``fairseq-preprocess --testpref a,b,c``, ``--test-pref`` (and ``--valid-pref``)
+take a comma list: the sets become the splits ``test``, ``test1``, ``test2``, …
+(``valid``, ``valid1``, …), all with the training split's BPE and dictionary.
+A missing file among them stops the run before anything is written.
 
 Steps: optional Moses tokenisation (sacremoses) and lowercasing → cleaning of
 the training split (empty lines, ``--max-len`` tokens, ``--max-ratio``) →
@@ -17,7 +21,8 @@ complete.
 Example::
 
     python preprocess/prepare_translation.py --raw ../shared/data/multi30k/tok \\
-        --src en --tgt de --dest data-bin/multi30k --bpe subword-nmt --merges 8000
+        --src en --tgt de --dest data-bin/multi30k --bpe subword-nmt --merges 8000 \\
+        --test-pref test_2016_flickr.lc.norm.tok,test_2017_flickr.lc.norm.tok,test_2017_mscoco.lc.norm.tok
 """
 import argparse
 import glob
@@ -42,13 +47,19 @@ def _open_text(path):
     return open(path, encoding="utf-8")
 
 
-def find_split_file(raw_dir, split, lang, explicit_prefix=None):
-    """Locate the raw file of one split and language in ``raw_dir``."""
+def split_names(split, prefixes):
+    """fairseq-preprocess's names for a comma list of prefixes: ``test``, ``test1``, ``test2``, …"""
+    return [split if k == 0 else f"{split}{k}" for k in range(len(prefixes))]
+
+
+def find_split_file(raw_dir, split, lang, explicit_prefix=None, name=None):
+    """Locate the raw file of one split and language in ``raw_dir`` (``name``: e.g. ``test1`` of ``test``)."""
     if explicit_prefix:
         candidates = [f"{explicit_prefix}.{lang}", f"{explicit_prefix}.{lang}.gz"]
         found = [c for c in candidates if os.path.isfile(c) or os.path.isfile(os.path.join(raw_dir, c))]
         if not found:
-            raise PrepareError(f"no file {explicit_prefix}.{lang}[.gz] for the {split} split")
+            raise PrepareError(f"--{split}-pref: no file {explicit_prefix}.{lang}[.gz] (in {raw_dir} or as a path) "
+                               f"for the {name or split} split")
         return found[0] if os.path.isfile(found[0]) else os.path.join(raw_dir, found[0])
     for prefix in SPLIT_PREFIXES[split]:
         for suffix in (f".{lang}", f".{lang}.gz"):
@@ -150,13 +161,14 @@ class SentencePieceBPE:
         return [" ".join(self.sp.encode(line, out_type=str)) for line in lines]
 
 
-def run_fairseq_preprocess(args, text_dir, out_dir):
+def run_fairseq_preprocess(args, text_dir, out_dir, names):
+    def prefs(split):
+        return ",".join(os.path.join(text_dir, n) for n in names[split])
+
     cmd = [
         os.path.join(os.path.dirname(sys.executable), "fairseq-preprocess"),
         "--source-lang", args.src, "--target-lang", args.tgt,
-        "--trainpref", os.path.join(text_dir, "train"),
-        "--validpref", os.path.join(text_dir, "valid"),
-        "--testpref", os.path.join(text_dir, "test"),
+        "--trainpref", prefs("train"), "--validpref", prefs("valid"), "--testpref", prefs("test"),
         "--destdir", out_dir, "--workers", str(args.workers),
         "--thresholdsrc", str(args.vocab_threshold), "--thresholdtgt", str(args.vocab_threshold),
     ]
@@ -173,11 +185,21 @@ def prepare(args):
         raise PrepareError(f"raw data directory not found: {args.raw}")
     if args.src == args.tgt:
         raise PrepareError(f"--src and --tgt are both '{args.src}'")
-    prefixes = {"train": args.train_pref, "valid": args.valid_pref, "test": args.test_pref}
+    prefixes = {"train": [args.train_pref], "valid": [args.valid_pref], "test": [args.test_pref]}
+    for split in ("valid", "test"):
+        if prefixes[split][0]:
+            prefixes[split] = prefixes[split][0].split(",")
+            if not all(prefixes[split]):
+                raise PrepareError(f"--{split}-pref {','.join(prefixes[split])!r}: empty entry in the comma list")
+    if args.train_pref and "," in args.train_pref:
+        raise PrepareError(f"--train-pref {args.train_pref!r}: one training set only (concatenate the files)")
+    names = {split: split_names(split, p) for split, p in prefixes.items()}
+    paths = {}
+    for split in ("train", "valid", "test"):  # every file located before any is read or written
+        for name, prefix in zip(names[split], prefixes[split]):
+            paths[name] = (split, [find_split_file(args.raw, split, lang, prefix, name) for lang in (args.src, args.tgt)])
     data = {}
-    for split in ("train", "valid", "test"):
-        src_path = find_split_file(args.raw, split, args.src, prefixes[split])
-        tgt_path = find_split_file(args.raw, split, args.tgt, prefixes[split])
+    for name, (split, (src_path, tgt_path)) in paths.items():
         src, tgt = read_parallel(src_path, tgt_path)
         src = normalise(src, args.src, args.tokenize, args.lowercase)
         tgt = normalise(tgt, args.tgt, args.tokenize, args.lowercase)
@@ -188,7 +210,7 @@ def prepare(args):
                   f"(max-len {args.max_len}, max-ratio {args.max_ratio})", file=sys.stderr)
             if not src:
                 raise PrepareError(f"empty corpus: no training pair of {src_path} survives cleaning")
-        data[split] = (src, tgt)
+        data[name] = (src, tgt)
 
     os.makedirs(os.path.dirname(os.path.abspath(args.dest)) or ".", exist_ok=True)
     work = tempfile.mkdtemp(prefix=".prepare-", dir=os.path.dirname(os.path.abspath(args.dest)))
@@ -206,7 +228,7 @@ def prepare(args):
             for lang, lines in ((args.src, src), (args.tgt, tgt)):
                 write_lines(os.path.join(text_dir, f"{split}.{lang}"), bpe.apply(lines) if bpe else lines)
         bin_dir = os.path.join(work, "bin")
-        run_fairseq_preprocess(args, text_dir, bin_dir)
+        run_fairseq_preprocess(args, text_dir, bin_dir, names)
         if bpe is not None:
             shutil.copy(bpe.codes, os.path.join(bin_dir, os.path.basename(bpe.codes)))
         # the un-BPE'd references, for scoring with sacrebleu
@@ -228,8 +250,9 @@ def build_parser():
     p.add_argument("--tgt", required=True, help="target language suffix, e.g. de")
     p.add_argument("--dest", required=True, help="output directory for the binarized data")
     p.add_argument("--train-pref", help="explicit train prefix (path or name in --raw)")
-    p.add_argument("--valid-pref", help="explicit valid prefix")
-    p.add_argument("--test-pref", help="explicit test prefix")
+    p.add_argument("--valid-pref", help="explicit valid prefix; a comma list gives valid, valid1, …")
+    p.add_argument("--test-pref", help="explicit test prefix; a comma list a,b,c gives test, test1, test2 "
+                   "(as fairseq-preprocess --testpref)")
     p.add_argument("--bpe", choices=["subword-nmt", "sentencepiece", "none"], default="subword-nmt")
     p.add_argument("--merges", type=int, default=8000,
                    help="BPE merge operations (subword-nmt) or vocabulary size (sentencepiece)")

@@ -96,3 +96,81 @@ def test_demo_script_rejects_missing_data_dir(tmp_path):
     proc = run(["bash", os.path.join(ROOT, "examples/demo/run_demo.sh")], check=False,
                env={"DATA": str(tmp_path / "missing"), "WORK": str(tmp_path / "work")})
     assert proc.returncode != 0 and "DATA directory not found" in proc.stderr
+
+
+def _n_sentences(prefix):
+    from fairseq.data.indexed_dataset import MMapIndexedDataset
+
+    return len(MMapIndexedDataset(str(prefix)))
+
+
+def _multi_test_corpus(root):
+    """train / val / three test sets of different sizes (test_c has words unseen in training)."""
+    _raw_corpus(root)
+    for name, n, extra in (("test_a", 3, ""), ("test_b", 5, ""), ("test_c", 7, " zebraquagga")):
+        _write(os.path.join(root, f"{name}.en"), [f"a cat {i} sees the dog{extra} ." for i in range(n)])
+        _write(os.path.join(root, f"{name}.de"), [f"eine katze {i} sieht den hund{extra} ." for i in range(n)])
+
+
+def test_prepare_translation_several_test_sets(tmp_path):
+    """--test-pref a,b,c → test, test1, test2 (as fairseq-preprocess --testpref), one BPE and one dictionary."""
+    from fairseq.data import Dictionary
+    from subword_nmt.apply_bpe import BPE
+
+    _multi_test_corpus(tmp_path / "raw")
+    script("preprocess/prepare_translation.py", "--raw", tmp_path / "raw", "--src", "en", "--tgt", "de",
+           "--dest", tmp_path / "bin", "--merges", 40, "--test-pref", "test_a,test_b,test_c")
+    out = tmp_path / "bin"
+    for name, n, raw in (("test", 3, "test_a"), ("test1", 5, "test_b"), ("test2", 7, "test_c")):
+        for lang in ("en", "de"):
+            assert _n_sentences(out / f"{name}.en-de.{lang}") == n
+            assert (out / f"{name}.raw.{lang}").read_text() == (tmp_path / "raw" / f"{raw}.{lang}").read_text()
+    assert not list(out.glob("test3.*"))
+    # every test set is segmented with the training split's codes and indexed with the one dictionary
+    dictionary = Dictionary.load(str(out / "dict.de.txt"))
+    with open(out / "bpe.codes", encoding="utf-8") as f:
+        bpe = BPE(f)
+    from fairseq.data.indexed_dataset import MMapIndexedDataset
+
+    test2 = MMapIndexedDataset(str(out / "test2.en-de.de"))
+    for i, line in enumerate((tmp_path / "raw" / "test_c.de").read_text().splitlines()):
+        expected = dictionary.encode_line(bpe.process_line(line), add_if_not_exist=False).tolist()
+        assert test2[i].tolist() == expected
+    assert "zebraquagga" not in (out / "dict.de.txt").read_text()
+
+
+def test_prepare_translation_missing_test_set_is_one_line_and_writes_nothing(tmp_path):
+    _multi_test_corpus(tmp_path / "raw")
+    proc = script("preprocess/prepare_translation.py", "--raw", tmp_path / "raw", "--src", "en", "--tgt", "de",
+                  "--dest", tmp_path / "bin", "--merges", 40, "--test-pref", "test_a,test_missing,test_c", check=False)
+    assert proc.returncode != 0
+    err = proc.stderr.strip().splitlines()
+    assert len([line for line in err if "error" in line]) == 1
+    assert "--test-pref" in err[-1] and "test_missing.en" in err[-1] and "test1 split" in err[-1]
+    assert not (tmp_path / "bin").exists()
+    assert not [p for p in os.listdir(tmp_path) if p.startswith(".prepare-")], "temporary directory left behind"
+
+
+MULTI30K_TOK = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "..", "shared", "data",
+                            "multi30k", "tok")
+
+
+@pytest.mark.skipif(not os.path.isfile(os.path.join(MULTI30K_TOK, "test_2016_flickr.lc.norm.tok.en")),
+                    reason=f"Multi30k not found at {MULTI30K_TOK} (shared/data)")
+def test_prepare_translation_multi30k_test_sets(tmp_path):
+    """Real Multi30k: every test set present (test_2016_flickr, and test_2017_* / test_2018_* where shared/data
+    has them; the validation file as a further set otherwise), one BPE and dictionary, sizes kept."""
+    import glob
+
+    sets = sorted(os.path.basename(p)[: -len(".en")] for p in glob.glob(os.path.join(MULTI30K_TOK, "test_*.lc.norm.tok.en")))
+    if len(sets) < 2:
+        sets.append("val.lc.norm.tok")
+    script("preprocess/prepare_translation.py", "--raw", MULTI30K_TOK, "--src", "en", "--tgt", "de",
+           "--dest", tmp_path / "bin", "--merges", 200, "--train-pref", "train.lc.norm.tok",
+           "--valid-pref", "val.lc.norm.tok", "--test-pref", ",".join(sets))
+    for k, name in enumerate(sets):
+        split = "test" if k == 0 else f"test{k}"
+        with open(os.path.join(MULTI30K_TOK, f"{name}.de"), encoding="utf-8") as f:
+            n = sum(1 for _ in f)
+        assert _n_sentences(tmp_path / "bin" / f"{split}.en-de.de") == n
+    assert _n_sentences(tmp_path / "bin" / "test.en-de.en") == 1000  # test_2016_flickr
