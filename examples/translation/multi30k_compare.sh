@@ -8,7 +8,9 @@
 # Full budget (the issues'): MAX_UPDATE=428 WARMUP=400 MAX_TOKENS=4096 (defaults). Reduced budgets: set
 # MAX_UPDATE (and WARMUP) lower; ARCHS chooses the runs (default "transformer capsule_transformer"); EXTRA
 # adds flags to every arch but fairseq's transformer (e.g. EXTRA="--routing-iters 1"); SEED (default 1)
-# sets the seed of all runs; DROPOUT (default 0.1); LENPEN (default 1.0) is beam search's length penalty.
+# sets the seed of all runs; DROPOUT (default 0.1); LENPEN (default 1.0) is beam search's length penalty;
+# ROUTED, if set, is --routed-attention for the capsule_transformer runs (examples/capsule_transformer/
+# multi30k_compare.sh sets enc_self).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 PYTHON=${PYTHON:-.venv/bin/python}
@@ -28,6 +30,7 @@ mkdir -p "$WORK"
 for ARCH in $ARCHS; do
   extra=()
   [ "$ARCH" != transformer ] && extra=(${EXTRA:-})
+  [ "$ARCH" = capsule_transformer ] && [ -n "${ROUTED:-}" ] && extra=(--routed-attention "$ROUTED" "${extra[@]}")
   start=$(date +%s)
   "$BIN/fairseq-train" "$DATA" --user-dir user_dir --task translation --source-lang en --target-lang de \
     --arch "$ARCH" --encoder-layers 3 --decoder-layers 3 --encoder-embed-dim 256 --decoder-embed-dim 256 \
