@@ -35,6 +35,9 @@ def main(argv=None):
     p.add_argument("--module", help="routed attention module name (default: the first routed module)")
     p.add_argument("--head", type=int, default=0)
     p.add_argument("--out", default="capsule_routing.png")
+    p.add_argument("--json", help="also write the panels' matrices and labels to this JSON file "
+                   "(benchmarks/figures/make_figures.py draws docs/figures/capsule_routing.png from it)")
+    p.add_argument("--caption", help="figure title (default: module, head, routing and r)")
     a = p.parse_args(argv)
 
     import matplotlib
@@ -94,6 +97,14 @@ def main(argv=None):
     if "horizontal_couplings" in cap:
         hc = cap["horizontal_couplings"][0]  # (M inputs, N outputs)
         panels.append(("horizontal couplings (input token → output token)", hc.T, q_toks, q_toks, "magma"))
+    suptitle = a.caption or f"{name}, head {h}, routing={module.capsule.routing}, r={module.capsule.iters}"
+    if a.json:
+        import json
+
+        with open(a.json, "w", encoding="utf-8") as f:
+            json.dump({"caption": suptitle, "panels": [
+                {"title": t, "matrix": [[round(v, 5) for v in row] for row in m.tolist()], "x": xt, "y": yt, "cmap": c}
+                for t, m, xt, yt, c in panels]}, f, ensure_ascii=False, indent=0)
     fig, axes = plt.subplots(1, len(panels), figsize=(5.2 * len(panels), 5))
     for ax, (title, mat, xt, yt, cmap) in zip(axes, panels):
         im = ax.imshow(mat.numpy(), cmap=cmap, aspect="auto")
@@ -101,7 +112,7 @@ def main(argv=None):
         ax.set_xticks(range(len(xt)), xt, rotation=90, fontsize=7)
         ax.set_yticks(range(len(yt)), yt, fontsize=7)
         fig.colorbar(im, ax=ax, fraction=0.046)
-    fig.suptitle(f"{name}, head {h}, routing={module.capsule.routing}, r={module.capsule.iters}")
+    fig.suptitle(suptitle)
     fig.tight_layout()
     fig.savefig(a.out, dpi=120)
     print(f"wrote {a.out}")

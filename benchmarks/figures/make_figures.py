@@ -1,0 +1,226 @@
+#!/usr/bin/env python
+"""Draw the PNGs of docs/figures/ from the committed results in benchmarks/figures/results/.
+
+    python benchmarks/figures/make_figures.py [--results DIR] [--out DIR] [--only NAME ...]
+
+Every figure is drawn only from its results file (CSV with ``#`` comment lines naming the command that
+produced the figures, or JSON written by ``capsule_routing_data.py`` / ``fasttrees_tree_data.py``), so
+rerunning a benchmark and updating its file regenerates the plot.
+"""
+import argparse
+import csv
+import json
+import math
+import os
+import sys
+import textwrap
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+
+
+def read_csv(path):
+    with open(path, encoding="utf-8") as f:
+        return list(csv.DictReader(line for line in f if not line.startswith("#")))
+
+
+def num(x):
+    return float(x) if x not in ("", None) else math.nan
+
+
+def star_scaling(results, plt):
+    rows = read_csv(os.path.join(results, "star_scaling.csv"))
+    n = [int(r["n"]) for r in rows]
+    timed = [r for r in rows if r["star_s"]]
+    tn = [int(r["n"]) for r in timed]
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
+    ax1.loglog(tn, [num(r["transformer_s"]) for r in timed], "s-", label="fairseq TransformerEncoder")
+    ax1.loglog(tn, [num(r["star_s"]) for r in timed], "o-", label="Star-Transformer")
+    ax1.loglog(tn, [num(r["transformer_s"]) / num(r["flop_bound"]) for r in timed], "k--",
+               label="FLOP bound (Transformer time / FLOP ratio)")
+    ax1.set(xlabel="sequence length n", ylabel="forward+backward time (s)", title="time, batch 1, d 300, 2 layers")
+    ax2.loglog(n, [num(r["transformer_mb"]) for r in rows], "s-", label="fairseq TransformerEncoder")
+    ax2.loglog(n, [num(r["star_mb"]) for r in rows], "o-", label="Star-Transformer")
+    ax2.loglog(n, [num(r["star_ckpt_mb"]) for r in rows], "^-", label="Star, --checkpoint-activations")
+    ax2.set(xlabel="sequence length n", ylabel="activation memory kept for backward (MB)", title="activation memory")
+    for ax in (ax1, ax2):
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=8)
+    return fig
+
+
+def txl_eval_speedup(results, plt):
+    rows = read_csv(os.path.join(results, "txl_eval_speedup.csv"))
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for vocab, label, marker in (("10008", "measured, PTB words (10k vocabulary)", "o-"),
+                                 ("204", "measured, character level (204 symbols)", "s-")):
+        sel = [r for r in rows if r["vocab"] == vocab and r["source"] == "measured"]
+        x = [int(r["length"]) for r in sel]
+        y = [num(r["speedup"]) for r in sel]
+        err = [[yy - num(r["lo"]) for yy, r in zip(y, sel)], [num(r["hi"]) - yy for yy, r in zip(y, sel)]]
+        ax.errorbar(x, y, yerr=err, fmt=marker, capsize=3, label=label)
+    paper = [r for r in rows if r["source"] == "paper"]
+    ax.plot([int(r["length"]) for r in paper], [num(r["speedup"]) for r in paper], "k*", ms=10,
+            label="paper (character level)")
+    ax.set(xscale="log", yscale="log", xlabel="attention length L",
+           ylabel="evaluation speed-up over a sliding window",
+           title="Transformer-XL evaluation with memory (median, repeat range)")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    return fig
+
+
+TXL_LABELS = {"txl_mem70": "transformer_xl_lm, memory 70", "txl_mem70_eval_mem0": "same checkpoint, evaluated without memory",
+              "txl_mem0": "transformer_xl_lm, trained without memory", "transformer_lm": "fairseq transformer_lm"}
+
+
+def txl_ptb(results, plt):
+    rows = read_csv(os.path.join(results, "txl_ptb.csv"))
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
+    for model, label in TXL_LABELS.items():
+        for ax, kind, f in ((ax1, "valid_ppl", lambda v: v), (ax2, "train_bits", lambda v: 2 ** v)):
+            sel = sorted((int(r["updates"]), f(num(r["value"]))) for r in rows if r["model"] == model and r["kind"] == kind)
+            if sel:
+                ax.plot(*zip(*sel), "o-", label=label)
+    ax1.set(xlabel="updates (end of a run of that budget)", ylabel="valid perplexity",
+            title="PTB valid perplexity (runs of 500 and 1,200 updates)")
+    ax2.set(xlabel="update", ylabel="training perplexity (2^loss bits)", title="training curve of the 1,200-update runs")
+    for ax in (ax1, ax2):
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=8)
+    return fig
+
+
+def capsule_bleu_seeds(results, plt):
+    rows = read_csv(os.path.join(results, "capsule_bleu_seeds.csv"))
+    seeds = [int(r["seed"]) for r in rows]
+    fig, ax = plt.subplots(figsize=(7, 4))
+    cols = (("transformer", "fairseq transformer", "s"), ("capsule_default", "capsule, enc + dec self-attn (default)", "o"),
+            ("capsule_enc_self", "capsule, --routed-attention enc_self", "^"))
+    for i, (col, label, marker) in enumerate(cols):
+        y = [num(r[col]) for r in rows]
+        mean = sum(y) / len(y)
+        se = math.sqrt(sum((v - mean) ** 2 for v in y) / (len(y) - 1) / len(y))
+        x = [s + (i - 1) * 0.15 for s in seeds]
+        line, = ax.plot(x, y, marker, label=f"{label}: {mean:.2f} ± {se:.2f}")
+        ax.errorbar([7.2 + (i - 1) * 0.15], [mean], yerr=[se], fmt=marker, color=line.get_color(), capsize=3)
+    ax.set_xticks(seeds + [7.2], [str(s) for s in seeds] + ["mean ± s.e."])
+    ax.set(xlabel="seed", ylabel="test_2016_flickr BLEU", title="Multi30k En→De, 428 updates × 4,096 tokens")
+    ax.grid(True, axis="y", alpha=0.3)
+    ax.legend(fontsize=8)
+    return fig
+
+
+def capsule_routing(results, plt):
+    """The panels that ``examples/capsule_transformer/plot_routing.py --json`` wrote."""
+    with open(os.path.join(results, "capsule_routing.json"), encoding="utf-8") as f:
+        cap = json.load(f)
+    panels = cap["panels"]
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 4.6))
+    for ax, panel in zip(axes, panels):
+        im = ax.imshow(panel["matrix"], cmap=panel["cmap"], aspect="auto")
+        ax.set_title(panel["title"], fontsize=9)
+        ax.set_xticks(range(len(panel["x"])), panel["x"], rotation=90, fontsize=7)
+        ax.set_yticks(range(len(panel["y"])), panel["y"], fontsize=7)
+        fig.colorbar(im, ax=ax, fraction=0.046)
+    fig.suptitle(textwrap.fill(cap["caption"], 160), fontsize=9)
+    return fig
+
+
+def _tree_layout(tree, depth, leaves, edges):
+    """Lay out a tree of nested lists of words: a leaf's x is its index, a node's the mean of its children's,
+    y is minus the depth.  Returns the node's (x, y); fills ``leaves`` with (x, y, word) and ``edges``."""
+    if isinstance(tree, str):
+        leaves.append((len(leaves), -depth, tree))
+        return leaves[-1][:2]
+    kids = [_tree_layout(child, depth + 1, leaves, edges) for child in tree]
+    here = (sum(k[0] for k in kids) / len(kids), -depth)
+    edges.extend((here, k) for k in kids)
+    return here
+
+
+def _draw_tree(ax, tree, title):
+    leaves, edges = [], []
+    _tree_layout(tree, 0, leaves, edges)
+    for (x0, y0), (x1, y1) in edges:
+        ax.plot([x0, x1], [y0, y1], "k-", lw=0.8)
+    for x, y, word in leaves:
+        ax.text(x, y - 0.2, word, rotation=90, ha="center", va="top", fontsize=8)
+    ax.set_ylim(min(y for _, y, _ in leaves) - 3, 0.5)
+    ax.set_title(title, fontsize=9)
+    ax.axis("off")
+
+
+def fasttrees_tree(results, plt):
+    with open(os.path.join(results, "fasttrees_tree.json"), encoding="utf-8") as f:
+        data = json.load(f)
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
+    _draw_tree(ax1, data["gold"], "gold tree (PTB sample, punctuation removed)")
+    _draw_tree(ax2, data["induced"], f"induced by FastTrees layer {data['layer']}")
+    fig.suptitle(textwrap.fill(data["caption"], 140), fontsize=9)
+    return fig
+
+
+def fasttrees_logic(results, plt):
+    rows = read_csv(os.path.join(results, "fasttrees_logic.csv"))
+    ops = [int(r["operators"]) for r in rows]
+    fig, ax = plt.subplots(figsize=(7, 4))
+    ax.plot(ops, [num(r["fasttrees"]) for r in rows], "o-", label="FastTrees (fasttrees_roberta_conv_logic)")
+    ax.plot(ops, [num(r["roberta"]) for r in rows], "s-", label="transformer encoder (roberta), equal size")
+    ax.plot(ops, [num(r["majority"]) for r in rows], "k:", label="majority class")
+    ax.axvspan(6.5, 12.5, color="grey", alpha=0.12, label="longer than any training formula")
+    ax.set(xlabel="number of operators", ylabel="test accuracy (%)",
+           title="Logical inference, d 128, 4 layers, 11,436 updates, one seed")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8)
+    return fig
+
+
+def mtn_metrics(results, plt):
+    rows = read_csv(os.path.join(results, "mtn_metrics.csv"))
+    runs = list(dict.fromkeys(r["run"] for r in rows))
+    metrics = (("bleu", "BLEU"), ("em1", "EM@1"), ("em5", "EM@5"), ("mrr", "MRR@5"))
+    fig, axes = plt.subplots(1, len(metrics), figsize=(14, 3.8))
+    for ax, (key, name) in zip(axes, metrics):
+        for i, model in enumerate(("mtn", "transformer")):
+            vals = [num(next(r[key] for r in rows if r["run"] == run and r["model"] == model)) for run in runs]
+            ax.bar([j + (i - 0.5) * 0.4 for j in range(len(runs))], vals, 0.4, label=model)
+        ax.set_xticks(range(len(runs)), runs, rotation=30, ha="right", fontsize=7)
+        ax.set_title(name)
+        ax.grid(True, axis="y", alpha=0.3)
+    axes[0].legend(fontsize=8)
+    fig.suptitle("MTN vs the flat transformer, synthetic sessions, equal parameters and updates (%)", fontsize=10)
+    return fig
+
+
+FIGURES = {"star_scaling": star_scaling, "txl_eval_speedup": txl_eval_speedup, "txl_ptb": txl_ptb,
+           "capsule_bleu_seeds": capsule_bleu_seeds, "capsule_routing": capsule_routing,
+           "fasttrees_logic": fasttrees_logic, "fasttrees_tree": fasttrees_tree, "mtn_metrics": mtn_metrics}
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--results", default=os.path.join(HERE, "results"))
+    p.add_argument("--out", default=os.path.join(ROOT, "docs", "figures"))
+    p.add_argument("--only", nargs="+", choices=sorted(FIGURES), help="draw only these figures")
+    a = p.parse_args(argv)
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    os.makedirs(a.out, exist_ok=True)
+    for name in a.only or FIGURES:
+        try:
+            fig = FIGURES[name](a.results, plt)
+        except FileNotFoundError as e:
+            sys.exit(f"make_figures: {name}: results file not found: {e.filename}")
+        fig.tight_layout()
+        path = os.path.join(a.out, name + ".png")
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,62 @@
+"""benchmarks/figures/make_figures.py: every figure drawn from the committed results; the results agree with
+BENCHMARKS.md."""
+import math
+import os
+import re
+import statistics
+
+import pytest
+
+from tests.helpers.cli import ROOT
+
+RESULTS = os.path.join(ROOT, "benchmarks", "figures", "results")
+
+
+def _make_figures():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("make_figures", os.path.join(ROOT, "benchmarks/figures/make_figures.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_every_figure_is_drawn_from_the_results(tmp_path):
+    mf = _make_figures()
+    mf.main(["--out", str(tmp_path)])
+    for name in mf.FIGURES:
+        with open(tmp_path / f"{name}.png", "rb") as f:
+            assert f.read(8) == b"\x89PNG\r\n\x1a\n", name
+    # the committed PNGs are the ones the script draws (one per figure, none stale)
+    committed = {p[:-4] for p in os.listdir(os.path.join(ROOT, "docs", "figures")) if p.endswith(".png")}
+    assert committed == set(mf.FIGURES)
+
+
+def test_missing_results_file_is_one_clear_line(tmp_path, capsys):
+    mf = _make_figures()
+    with pytest.raises(SystemExit) as e:
+        mf.main(["--results", str(tmp_path), "--out", str(tmp_path / "out"), "--only", "star_scaling"])
+    assert "star_scaling: results file not found" in str(e.value) and "star_scaling.csv" in str(e.value)
+
+
+def _benchmarks():
+    with open(os.path.join(ROOT, "BENCHMARKS.md"), encoding="utf-8") as f:
+        return f.read()
+
+
+def test_capsule_seed_results_match_benchmarks():
+    rows = _make_figures().read_csv(os.path.join(RESULTS, "capsule_bleu_seeds.csv"))
+    text = _benchmarks()
+    for col in ("transformer", "capsule_default", "capsule_enc_self"):
+        y = [float(r[col]) for r in rows]
+        mean, se = statistics.mean(y), statistics.stdev(y) / math.sqrt(len(y))
+        assert f"{mean:.2f} ± {se:.2f}" in text, col
+
+
+def test_logic_results_match_benchmarks():
+    rows = _make_figures().read_csv(os.path.join(RESULTS, "fasttrees_logic.csv"))
+    text = _benchmarks()
+    for label, col in (("| majority class |", "majority"), ("| `roberta` |", "roberta"), ("| **FastTrees** |", "fasttrees")):
+        line = next(line for line in text.splitlines() if line.startswith(label))
+        table = [float(x) for x in re.findall(r"\d+\.\d", line)][:12]
+        assert table == [float(r[col]) for r in rows], col
