@@ -329,18 +329,33 @@ def test_fused_ring_attention_matches_autograd(wrap, mask_pads, p_drop):
     _fused_vs_autograd(B, n, pad, wrap, mask_pads, p_drop)
 
 
+def _long_pad_mask():
+    """B 3, n 23: no padding, right padding (the last token in the last block), left padding
+    with the first token mid-block and the last one in another block, and a 1-token sentence."""
+    pad = torch.zeros(4, 23, dtype=torch.bool)
+    pad[1, 20:] = True
+    pad[2, :6] = True
+    pad[2, 17:] = True
+    pad[3, :9] = True
+    pad[3, 10:] = True
+    return pad
+
+
+@pytest.mark.parametrize("padded", [False, True])
 @pytest.mark.parametrize("wrap,mask_pads", [(True, True), (True, False), (False, True), (False, False)])
-def test_fused_ring_attention_in_blocks_matches_autograd(wrap, mask_pads, monkeypatch):
-    """A long padding-free input runs through _RingCore block by block (with halo rows,
-    wrapping around for the closed ring): same outputs and gradients as autograd."""
+def test_fused_ring_attention_in_blocks_matches_autograd(wrap, mask_pads, padded, monkeypatch):
+    """A long input runs through _RingCore block by block (with halo rows and, for the closed
+    ring, copies of each sentence's wrapped neighbours wherever the padding puts them): same
+    outputs and gradients as autograd, padded batches included."""
     from user_dir.modules.star_transformer_layer import _RingCore
 
     monkeypatch.setattr(_RingCore, "block_rows", 4)
     blocks = []
     project = _RingCore._project
     monkeypatch.setattr(_RingCore, "_project", staticmethod(lambda h, *a: blocks.append(h.shape[1]) or project(h, *a)))
-    _fused_vs_autograd(2, 23, None, wrap, mask_pads)  # 6 blocks, the last one short
-    assert len(blocks) == 12 and max(blocks) <= 4 + 2 * 2  # forward and backward went block by block
+    pad = _long_pad_mask() if padded else None
+    _fused_vs_autograd(4 if padded else 2, 23, pad, wrap, mask_pads)  # 6 blocks, the last one short
+    assert len(blocks) == 12 and max(blocks) <= 4 + 2 * 2 + 3  # forward and backward went block by block
 
 
 def test_fused_ring_attention_keeps_little_for_backward():

@@ -58,6 +58,11 @@ class MTNConfig(FairseqDataclass):
     share_decoder_input_output_embed: bool = field(default=False)
     share_all_embeddings: bool = field(default=False, metadata={"help": "one embedding for source, target, output"})
     no_scale_embedding: bool = field(default=False)
+    checkpoint_activations: bool = field(default=False, metadata={
+        "help": "recompute every layer (query, session and decoder levels) in the backward pass "
+                "(fairseq's checkpoint_wrapper): less activation memory, about a third more compute"})
+    offload_activations: bool = field(default=False, metadata={
+        "help": "with --checkpoint-activations, keep the layer inputs in CPU memory"})
     max_query_length: int = II("task.max_query_length")
     max_source_positions: int = II("task.max_source_positions")
     max_target_positions: int = II("task.max_target_positions")
@@ -107,6 +112,11 @@ class MTNModel(FairseqEncoderDecoderModel):
                              cfg.levels, cfg.session_layers)
         decoder = TransformerDecoderBase(query_cfg, tgt_dict, decoder_embed)
         return cls(cfg, encoder, decoder)
+
+    def forward(self, src_tokens, src_lengths, prev_output_tokens, session_layout=None, **kwargs):
+        """As fairseq's encoder-decoder forward; ``session_layout`` (from the collater) goes to the encoder only."""
+        encoder_out = self.encoder(src_tokens, src_lengths=src_lengths, session_layout=session_layout)
+        return self.decoder(prev_output_tokens, encoder_out=encoder_out, **kwargs)
 
     def max_positions(self):
         return (self.encoder.max_positions(), self.decoder.max_positions())

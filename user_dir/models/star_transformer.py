@@ -261,6 +261,7 @@ def sentence_vector(encoder_out, pooling="sum"):
     nodes = encoder_out["encoder_out"][0].transpose(0, 1)  # B T C
     pad = encoder_out["encoder_padding_mask"][0]
     pooled = nodes.masked_fill(pad.unsqueeze(-1), float("-inf")).max(1).values
+    pooled = pooled.masked_fill(pad.all(1, keepdim=True), 0.0)  # an all-pad row: no max, not -inf
     r = encoder_out["encoder_relay"][0] + pooled
     return 0.5 * r if pooling == "mean" else r
 

@@ -125,9 +125,16 @@ class FastTreesOptions:
             raise ValueError(f"--master-hidden-dim must be >= 0, got {self.master_hidden_dim}")
 
 
+def _wide(x):
+    """x in float32 if it is in half precision (float16 / bfloat16), else unchanged."""
+    return x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
+
+
 def cumax(x, dim=-1):
-    """ON-LSTM's cumulative softmax, ``cumsum(softmax(x))``: monotone from ~0 to exactly 1."""
-    return torch.cumsum(F.softmax(x, dim=dim), dim=dim)
+    """ON-LSTM's cumulative softmax, ``cumsum(softmax(x))``: monotone from ~0 to exactly 1.
+
+    Summed in float32 for half-precision inputs (a float16 running sum drifts off 1)."""
+    return torch.cumsum(F.softmax(_wide(x), dim=dim), dim=dim).to(x.dtype)
 
 
 # --------------------------------------------------------------------------- scans
@@ -309,7 +316,7 @@ class FastTreesSublayer(nn.Module):
         if incremental_state is not None and not self.causal:
             raise ValueError("incremental decoding needs a causal FastTrees sublayer")
         T, B, d = x.shape
-        pad = None if padding_mask is None or not padding_mask.any() else padding_mask.t().unsqueeze(-1)
+        pad = None if padding_mask is None else padding_mask.t().unsqueeze(-1)  # (no .any(): no host sync)
         keep = None if pad is None else (~pad).to(x.dtype)
         f_master, i_master = self.master_gates(x, keep, incremental_state)
         if self.record_distance:
@@ -330,8 +337,8 @@ class FastTreesSublayer(nn.Module):
             f_hat = f_hat.masked_fill(pad, 1.0)
         if self.opts.no_recurrence:
             c = b
-        else:
-            c = self._recur(f_hat, b, incremental_state)
+        else:  # the cell sums over up to T steps: float32 in half precision (and in the state)
+            c = self._recur(_wide(f_hat), _wide(b), incremental_state).to(b.dtype)
         return o * torch.tanh(c)
 
     def _recur(self, f_hat, b, incremental_state):

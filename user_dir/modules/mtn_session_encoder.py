@@ -48,6 +48,7 @@ import torch
 import torch.nn as nn
 from fairseq.models import FairseqEncoder
 from fairseq.modules import FairseqDropout, LayerNorm, SinusoidalPositionalEmbedding
+from fairseq.modules.checkpoint_activations import checkpoint_wrapper
 from fairseq.modules.transformer_layer import TransformerEncoderLayerBase
 
 
@@ -96,6 +97,45 @@ def split_queries(src_tokens, pad, eos, sep, slots):
     return {"real": real, "qid": qid, "pos": pos, "n_queries": n_queries, "q_row": q_row, "q_index": q_index}
 
 
+def session_layout(src_tokens, pad, eos, sep, slots):
+    """Where every query and token of a batch of sessions goes: the index tensors the encoder needs.
+
+    Computed once per batch on the host side (the task's collater, see
+    :class:`user_dir.tasks.query_suggestion.SessionLayoutDataset`), so the forward
+    pass itself only gathers and never reads a value back from the device.  Raises
+    :class:`SessionInputError` for an empty or over-long query.
+
+    Returns a dict: ``query_tokens`` (N, P) each query's tokens (EOS written as the
+    separator), pad in empty slots; ``query_slot`` (B, W) flat id of row b's j-th query,
+    −1 past its last query; ``query_cell`` (N,) each query's place ``b * W + j`` in that
+    grid; ``token_index`` (B, S) each token's slot ``query_id * P + position`` (0 at pads).
+    """
+    lay = split_queries(src_tokens, pad, eos, sep, slots)
+    real, n_queries = lay["real"], lay["n_queries"]
+    n_total, width = int(n_queries.sum()), max(int(n_queries.max()), 1)
+    canonical = src_tokens.masked_fill(src_tokens.eq(eos), sep)
+    query_tokens = src_tokens.new_full((n_total, slots), pad)
+    query_tokens[lay["qid"][real], lay["pos"][real]] = canonical[real]
+    query_cell = lay["q_row"] * width + lay["q_index"]
+    query_slot = src_tokens.new_full((len(n_queries) * width,), -1)
+    query_slot[query_cell] = torch.arange(n_total, device=src_tokens.device)
+    token_index = torch.where(real, lay["qid"] * slots + lay["pos"], torch.zeros_like(lay["pos"]))
+    return {"query_tokens": query_tokens, "query_slot": query_slot.view(len(n_queries), width),
+            "query_cell": query_cell, "token_index": token_index}
+
+
+def encoder_layers(cfg, num_layers):
+    """fairseq ``TransformerEncoderLayer`` s, each wrapped in fairseq's ``checkpoint_wrapper``
+    with ``--checkpoint-activations`` (recomputed in the backward pass, as fairseq's own encoder does)."""
+    def build():
+        layer = TransformerEncoderLayerBase(cfg)
+        if cfg.checkpoint_activations:
+            layer = checkpoint_wrapper(layer, offload_to_cpu=cfg.offload_activations)
+        return layer
+
+    return nn.ModuleList(build() for _ in range(num_layers))
+
+
 def causal_mask(n, device):
     """(n, n) bool, True above the diagonal: query i may not attend to a later query j > i."""
     return torch.triu(torch.ones(n, n, dtype=torch.bool, device=device), 1)
@@ -108,26 +148,25 @@ class SessionLevel(nn.Module):
         super().__init__()
         self.query_projection = nn.Linear(slots * embed_dim, embed_dim)  # w_proj of Sec. 4
         self.dropout_module = FairseqDropout(dropout, module_name=self.__class__.__name__)
-        self.layers = nn.ModuleList(TransformerEncoderLayerBase(layer_cfg) for _ in range(num_layers))
+        self.layers = encoder_layers(layer_cfg, num_layers)
         self.layer_norm = LayerNorm(embed_dim) if layer_cfg.encoder.normalize_before else None
 
     def forward(self, tokens, layout):
         """tokens: (N, P, d) token representations, zero in empty slots; returns them refined (same shape)."""
         n_q, slots, dim = tokens.shape
         z = self.query_projection(tokens.reshape(n_q, slots * dim))  # one vector per query
-        rows, width = len(layout["n_queries"]), int(layout["n_queries"].max())
-        session = z.new_zeros(rows, width, dim)
-        session[layout["q_row"], layout["q_index"]] = z
+        missing = layout["query_slot"].lt(0)  # (B, W): past the row's last query
+        width = missing.size(1)
+        session = z[layout["query_slot"].clamp(min=0)].masked_fill(missing.unsqueeze(-1), 0.0)  # (B, W, d)
         positions = SinusoidalPositionalEmbedding.get_embedding(width, dim).to(z)
         session = self.dropout_module(session + positions.unsqueeze(0))
-        missing = torch.arange(width, device=z.device).unsqueeze(0) >= layout["n_queries"].unsqueeze(1)
         x = session.transpose(0, 1)
         mask = causal_mask(width, z.device)
         for layer in self.layers:
             x = layer(x, encoder_padding_mask=missing, attn_mask=mask)
         if self.layer_norm is not None:
             x = self.layer_norm(x)
-        per_query = x.transpose(0, 1)[layout["q_row"], layout["q_index"]]  # (N, d) session representations
+        per_query = x.transpose(0, 1).reshape(-1, dim)[layout["query_cell"]]  # (N, d) session representations
         filled = layout["slot_filled"].unsqueeze(-1).to(tokens)
         return tokens + per_query.unsqueeze(1) * filled  # skip connection, real slots only
 
@@ -150,21 +189,23 @@ class MTNEncoder(FairseqEncoder):
         self.register_buffer("token_positions", SinusoidalPositionalEmbedding.get_embedding(self.slots, dim),
                              persistent=False)
         self.dropout_module = FairseqDropout(query_cfg.dropout, module_name=self.__class__.__name__)
-        self.layers = nn.ModuleList(TransformerEncoderLayerBase(query_cfg) for _ in range(query_cfg.encoder.layers))
+        self.layers = encoder_layers(query_cfg, query_cfg.encoder.layers)
         self.layer_norm = LayerNorm(dim) if query_cfg.encoder.normalize_before else None
         self.levels = nn.ModuleList(
             SessionLevel(session_cfg, session_layers, dim, self.slots, query_cfg.dropout) for _ in range(levels - 1)
         )
         self.max_source_positions = query_cfg.max_source_positions
 
-    def encode_queries(self, src_tokens):
-        """Steps 1–2: the split layout and the query-level encodings (N, P, d), zero in empty slots."""
-        layout = split_queries(src_tokens, self.padding_idx, self.eos_idx, self.separator_index, self.slots)
-        real = layout["real"]
-        canonical = src_tokens.masked_fill(src_tokens.eq(self.eos_idx), self.separator_index)
-        n_total = int(layout["n_queries"].sum())
-        query_tokens = src_tokens.new_full((n_total, self.slots), self.padding_idx)
-        query_tokens[layout["qid"][real], layout["pos"][real]] = canonical[real]
+    def layout(self, src_tokens):
+        """:func:`session_layout` of a batch (host side; the collater passes it as ``session_layout``)."""
+        return session_layout(src_tokens, self.padding_idx, self.eos_idx, self.separator_index, self.slots)
+
+    def encode_queries(self, src_tokens, layout=None):
+        """Steps 1–2: the query-level encodings (N, P, d), zero in empty slots, and the layout."""
+        if layout is None or layout["query_tokens"].size(1) != self.slots:  # none, or made for another
+            layout = self.layout(src_tokens)  # --max-query-length (generating with the task's default)
+        layout = dict(layout)
+        query_tokens = layout["query_tokens"]
         empty = query_tokens.eq(self.padding_idx)
         layout["slot_filled"] = ~empty
         x = self.embed_scale * self.embed_tokens(query_tokens) + self.token_positions.unsqueeze(0).to(
@@ -177,16 +218,17 @@ class MTNEncoder(FairseqEncoder):
         x = x.transpose(0, 1).masked_fill(empty.unsqueeze(-1), 0.0)  # zero padding before the projection
         return x, layout
 
-    def forward(self, src_tokens, src_lengths=None, return_all_hiddens=False, **unused):
-        tokens, layout = self.encode_queries(src_tokens)
+    def forward(self, src_tokens, src_lengths=None, return_all_hiddens=False, session_layout=None, **unused):
+        """``session_layout``: :meth:`layout` of ``src_tokens`` made by the collater; without it the
+        layout is computed here, which reads the query counts back from the device."""
+        tokens, layout = self.encode_queries(src_tokens, session_layout)
         for level in self.levels:
             tokens = level(tokens, layout)
-        real = layout["real"]
-        out = tokens.new_zeros(*src_tokens.shape, tokens.size(-1))
-        out[real] = tokens[layout["qid"][real], layout["pos"][real]]
+        pad = src_tokens.eq(self.padding_idx)
+        out = tokens.reshape(-1, tokens.size(-1))[layout["token_index"]].masked_fill(pad.unsqueeze(-1), 0.0)
         return {
             "encoder_out": [out.transpose(0, 1)],  # S x B x C
-            "encoder_padding_mask": [~real],
+            "encoder_padding_mask": [pad],
             "encoder_embedding": [],
             "encoder_states": [],
             "src_tokens": [],

@@ -102,14 +102,18 @@ class _Ring:
     """Per-batch neighbour bookkeeping for the ring, computed once per forward pass.
 
     ``left_missing``/``right_missing`` (B, n, 1) mark positions whose neighbour is masked;
-    ``first``/``last`` (B,) are each sentence's first and last real positions (for the wrap).
+    ``first``/``last`` (B,) are each sentence's first and last real positions (for the wrap),
+    ``left_partner``/``right_partner`` the rows whose key and value they see across the wrap
+    (here ``last`` and ``first``; a block of rows keeps copies of them, see :class:`_BlockRing`).
+    Everything is built with tensor ops: no value is read back to the host.
     """
+
+    first_kept = last_kept = None  # (blocks only) whether the block owns first/last
 
     def __init__(self, pad_mask: Optional[torch.Tensor], B, n, device, wrap, mask_pads):
         self.wrap, self.mask_pads = wrap, mask_pads
         self.left_missing = self.right_missing = None
         self.first = self.last = None
-        self.uniform = pad_mask is None  # no padding: every sentence spans all n positions
         if not (wrap or mask_pads):
             return  # fastNLP: open ring, zero keys at the ends, pads unmasked
         pad = pad_mask if pad_mask is not None else torch.zeros(B, n, dtype=torch.bool, device=device)
@@ -129,6 +133,7 @@ class _Ring:
             # the shifted (non-wrapped) neighbour values must not be added at the wrapped slots
             self.is_first = (idx == self.first[:, None])[..., None, None]  # B n 1 1
             self.is_last = (idx == self.last[:, None])[..., None, None]
+            self.left_partner, self.right_partner = self.last, self.first
         if not mask_pads:
             # wrap without masking: only the two wrapped slots are replaced, pads stay visible
             left = torch.zeros_like(left)
@@ -137,23 +142,68 @@ class _Ring:
         self.right_missing = right.unsqueeze(-1)
 
 
+def _softmax(x):
+    """Softmax over the last axis, computed in float32 for half-precision inputs."""
+    if x.dtype in (torch.float16, torch.bfloat16):
+        return x.float().softmax(-1).to(x.dtype)
+    return x.softmax(-1)
+
+
+def _owned(x, kept):
+    """x, zeroed for sentences whose token a block does not own (None: the whole input, kept)."""
+    return x if kept is None else x * kept
+
+
 def _dot(a, b):
     """Per-head dot product over the last axis: (..., H, dh) x (..., H, dh) -> (..., H)."""
     return (a * b).sum(-1)
 
 
 class _BlockRing:
-    """Neighbour bookkeeping of one block of rows cut out of a padding-free batch.
+    """Neighbour bookkeeping of rows ``[start, stop)`` of a long input (rows ``[a, c)`` plus halo rows).
 
-    The block is processed with open ends (the neighbour beyond its first/last row is
-    missing); its caller adds halo rows so that the rows it keeps have all their neighbours.
-    ``left_missing``/``right_missing``: the ring's masks at the block's rows, or None.
+    The block is processed with open ends (a missing neighbour beyond its first/last row
+    sees a zero key and value, score 0, as the sequence ends do); the halo rows make the
+    rows it keeps see their true neighbours.  For a closed ring three rows are appended to
+    the block: a separator (zero key and value) and copies of every sentence's last and
+    first real token (``left_partner``/``right_partner``), so a first/last token sees its
+    wrapped neighbour wherever that lies in the sequence.  A sentence whose first (last)
+    token is not in the block points ``first`` (``last``) at the appended copy, whose
+    outputs and gradients are discarded; ``first_kept``/``last_kept`` (B, 1, 1) say whether
+    the block owns that token, so only its owner sends gradient to the partner copy.
     """
 
-    wrap = False
+    def __init__(self, ring: _Ring, a, c, start, stop):
+        self.wrap = ring.wrap
+        nb = stop - start
+        self.tail = 3 if ring.wrap else 0
+        self.left_missing = self.right_missing = None
+        if ring.left_missing is not None:
+            self.left_missing, self.right_missing = (self._rows(m[:, start:stop], True)
+                                                     for m in (ring.left_missing, ring.right_missing))
+        if not ring.wrap:
+            return
+        self.sep, device = nb, ring.first.device
+        self.rows = ring.rows
+        inside = lambda i, lo, hi: (i >= lo) & (i < hi)  # noqa: E731
+        self.left_partner = torch.full_like(ring.first, nb + 1)
+        self.right_partner = torch.full_like(ring.first, nb + 2)
+        self.first = torch.where(inside(ring.first, start, stop), ring.first - start, self.right_partner)
+        self.last = torch.where(inside(ring.last, start, stop), ring.last - start, self.left_partner)
+        idx = torch.arange(nb + self.tail, device=device)
+        self.is_first = (idx == self.first[:, None])[..., None, None]
+        self.is_last = (idx == self.last[:, None])[..., None, None]
+        self.first_kept = inside(ring.first, a, c)[:, None, None]
+        self.last_kept = inside(ring.last, a, c)[:, None, None]
 
-    def __init__(self, left_missing, right_missing):
-        self.left_missing, self.right_missing = left_missing, right_missing
+    def _rows(self, x, fill, tail=None):
+        """x (B, nb, ...) followed by the block's appended rows (``tail`` after the separator, else ``fill``)."""
+        if not self.tail:
+            return x
+        extra = x.new_full((x.shape[0], self.tail, *x.shape[2:]), fill)
+        if tail is not None:
+            extra[:, 1:] = tail
+        return torch.cat([x, extra], 1)
 
 
 class _RingCore(torch.autograd.Function):
@@ -198,13 +248,13 @@ class _RingCore(torch.autograd.Function):
         out[:, :-1].addcmul_(pr[:, :-1], v[:, 1:])
         if ring.wrap:
             rows, f, l_ = ring.rows, ring.first, ring.last
-            out.index_put_((rows, f), pd[rows, f, :, 0:1] * v[rows, l_], accumulate=True)
-            out.index_put_((rows, l_), pd[rows, l_, :, 2:3] * v[rows, f], accumulate=True)
+            out.index_put_((rows, f), pd[rows, f, :, 0:1] * v[rows, ring.left_partner], accumulate=True)
+            out.index_put_((rows, l_), pd[rows, l_, :, 2:3] * v[rows, ring.right_partner], accumulate=True)
         return out
 
     @staticmethod
-    def _blocks(n, ring, blocked, halo, device):
-        """(a, c, rows, lo, block ring): rows [a, c) and their halo; ``rows`` indexes dim 1 and the
+    def _blocks(n, ring, blocked, halo):
+        """(a, c, rows, lo, block ring): rows [a, c) and their halo; ``rows`` slices dim 1 and the
         block's own rows start at ``lo`` in it.  Without ``blocked``: one block, the whole input."""
         if not blocked:
             yield 0, n, slice(None), 0, ring
@@ -212,17 +262,31 @@ class _RingCore(torch.autograd.Function):
         m = _RingCore.block_rows
         for a in range(0, n, m):
             c = min(a + m, n)
-            lo_row, hi_row = a - halo, c + halo
-            if ring.wrap:  # padding-free closed ring: the neighbours of the ends wrap around
-                inside = lo_row >= 0 and hi_row <= n
-                rows = slice(lo_row, hi_row) if inside else torch.arange(lo_row, hi_row, device=device) % n
-                lo = halo
-            else:
-                rows, lo = slice(max(lo_row, 0), min(hi_row, n)), a - max(lo_row, 0)
-            masks = (None, None)
-            if ring.left_missing is not None and not ring.wrap:  # (with wrap and no padding nothing is masked)
-                masks = (ring.left_missing[:, rows], ring.right_missing[:, rows])
-            yield a, c, rows, lo, _BlockRing(*masks)
+            start, stop = max(a - halo, 0), min(c + halo, n)
+            yield a, c, slice(start, stop), a - start, _BlockRing(ring, a, c, start, stop)
+
+    @staticmethod
+    def _partners(h, ring):
+        """(B, 2, d): every sentence's last and first real token, the wrapped neighbours a block copies."""
+        if not ring.wrap:
+            return None
+        return torch.stack([h[ring.rows, ring.last], h[ring.rows, ring.first]], 1)
+
+    @staticmethod
+    def _block_inputs(x, e, rows, ring, partners):
+        """The block's rows of h and e (with a closed ring: the separator and the partner copies)."""
+        if isinstance(ring, _BlockRing):
+            return ring._rows(x[:, rows], 0.0, partners), ring._rows(e[:, rows], 0.0)
+        return x[:, rows], e[:, rows]
+
+    @staticmethod
+    def _block_project(ring, *args):
+        """:meth:`_project` of a block; the separator row gets a zero key and value (an open end)."""
+        q, k, v, ke, ve, ks, vs = _RingCore._project(*args)
+        if isinstance(ring, _BlockRing) and ring.tail:
+            k[:, ring.sep] = 0.0
+            v[:, ring.sep] = 0.0
+        return q, k, v, ke, ve, ks, vs
 
     @staticmethod
     def _probs(q, k, ke, ks, ring):
@@ -235,24 +299,26 @@ class _RingCore(torch.autograd.Function):
         scores[..., 2] = F.pad(_dot(q[:, :-1], k[:, 1:]), (0, 0, 0, 1))
         if ring.wrap:
             rows, f, l_ = ring.rows, ring.first, ring.last
-            scores[rows, f, :, 0] = _dot(q[rows, f], k[rows, l_])
-            scores[rows, l_, :, 2] = _dot(q[rows, l_], k[rows, f])
+            scores[rows, f, :, 0] = _dot(q[rows, f], k[rows, ring.left_partner])
+            scores[rows, l_, :, 2] = _dot(q[rows, l_], k[rows, ring.right_partner])
         if ring.left_missing is not None:
             scores[..., 0].masked_fill_(ring.left_missing, float("-inf"))
             scores[..., 2].masked_fill_(ring.right_missing, float("-inf"))
-        return scores.softmax(-1)
+        return _softmax(scores)
 
     @staticmethod
     def forward(ctx, h, emb, relay, wq, bq, wk, bk, wv, bv, wo, bo, ring, heads, head_dim, p_drop, training):
         B, n, d = h.shape
         drop = p_drop > 0 and training
-        blocked = not drop and ring.uniform and n > _RingCore.block_rows
+        blocked = not drop and n > _RingCore.block_rows
+        partners = _RingCore._partners(h, ring) if blocked else None
         if blocked:
             probs = torch.empty(B, n, heads, 5, dtype=h.dtype, device=h.device)
             y = torch.empty(B, n, wo.shape[0], dtype=h.dtype, device=h.device)
-        for a, c, rows, lo, bring in _RingCore._blocks(n, ring, blocked, 1, h.device):
-            q, k, v, ke, ve, ks, vs = _RingCore._project(h[:, rows], emb[:, rows], relay, wq, bq, wk, bk, wv, bv,
-                                                         heads, head_dim)
+        for a, c, rows, lo, bring in _RingCore._blocks(n, ring, blocked, 1):
+            h_b, e_b = _RingCore._block_inputs(h, emb, rows, bring, partners)
+            q, k, v, ke, ve, ks, vs = _RingCore._block_project(bring, h_b, e_b, relay, wq, bq, wk, bk, wv, bv,
+                                                               heads, head_dim)
             p = _RingCore._probs(q, k, ke, ks, bring)
             pd = F.dropout(p, p_drop, training) if drop else p
             out = _RingCore._attend(pd, v, ve, vs, bring)[:, lo:lo + c - a]
@@ -275,16 +341,21 @@ class _RingCore(torch.autograd.Function):
         g_wq, g_wk, g_wv, g_wo = (torch.zeros_like(w) for w in (wq, wk, wv, wo))
         g_bq, g_bk, g_bv, g_bo = (torch.zeros_like(b) for b in (bq, bk, bv, wo[:, 0]))
         g_ks_all = g_vs_all = 0
+        partners = _RingCore._partners(h, ctx.ring) if ctx.blocked else None
+        g_partners = 0  # (blocks, closed ring) gradients of the partner copies' keys and values
         if ctx.blocked:
             g_h, g_emb = torch.empty_like(h), torch.empty_like(emb)
         with torch.no_grad():
-            for a, c, rows, lo, ring in _RingCore._blocks(n, ctx.ring, ctx.blocked, 2, h.device):
+            for a, c, rows, lo, ring in _RingCore._blocks(n, ctx.ring, ctx.blocked, 2):
                 m, keep = c - a, slice(lo, lo + c - a)
-                h_b, e_b, probs, pd = h[:, rows], emb[:, rows], probs_all[:, rows], pd_all[:, rows]
+                h_b, e_b = _RingCore._block_inputs(h, emb, rows, ring, partners)
+                probs, pd, gy_b = (_RingCore._block_inputs(x, x, rows, ring, None)[1]
+                                   for x in (probs_all, pd_all, gy))  # zeros at the appended rows
                 nb = h_b.shape[1]
-                q, k, v, ke, ve, ks, vs = _RingCore._project(h_b, e_b, relay, wq, bq, wk, bk, wv, bv, H, dh)
+                q, k, v, ke, ve, ks, vs = _RingCore._block_project(ring, h_b, e_b, relay, wq, bq, wk, bk, wv, bv,
+                                                                   H, dh)
                 out = _RingCore._attend(pd, v, ve, vs, ring)[:, keep].reshape(B * m, H * dh)
-                gy2 = gy[:, rows].reshape(B * nb, d)
+                gy2 = gy_b.reshape(B * nb, d)
                 gy_keep = gy[:, a:c].reshape(B * m, d)
                 g_wo.addmm_(gy_keep.t(), out)
                 g_bo += gy_keep.sum(0)
@@ -299,9 +370,9 @@ class _RingCore(torch.autograd.Function):
                 g_pd[..., 2] = F.pad(_dot(ga[:, :-1], v[:, 1:]), (0, 0, 0, 1))
                 pl, pr = pd[..., 0:1], pd[..., 2:3]
                 if ring.wrap:
-                    rws, f, l_ = ring.rows, ring.first, ring.last
-                    g_pd[rws, f, :, 0] = _dot(ga[rws, f], v[rws, l_])
-                    g_pd[rws, l_, :, 2] = _dot(ga[rws, l_], v[rws, f])
+                    rws, f, l_, lp, rp = ring.rows, ring.first, ring.last, ring.left_partner, ring.right_partner
+                    g_pd[rws, f, :, 0] = _dot(ga[rws, f], v[rws, lp])
+                    g_pd[rws, l_, :, 2] = _dot(ga[rws, l_], v[rws, rp])
                     pl, pr = pl.masked_fill(ring.is_first, 0.0), pr.masked_fill(ring.is_last, 0.0)
                 g_ve = pd[..., 3:4] * ga
                 g_vs_all = g_vs_all + (pd[:, keep, :, 4:5] * ga[:, keep]).sum(1, keepdim=True)
@@ -309,8 +380,9 @@ class _RingCore(torch.autograd.Function):
                 g_v[:, :-1].addcmul_(pl[:, 1:], ga[:, 1:])  # v_i is the left neighbour of i + 1
                 g_v[:, 1:].addcmul_(pr[:, :-1], ga[:, :-1])  # and the right neighbour of i - 1
                 if ring.wrap:
-                    g_v.index_put_((rws, l_), pd[rws, f, :, 0:1] * ga[rws, f], accumulate=True)
-                    g_v.index_put_((rws, f), pd[rws, l_, :, 2:3] * ga[rws, l_], accumulate=True)
+                    g_v.index_put_((rws, lp), _owned(pd[rws, f, :, 0:1] * ga[rws, f], ring.first_kept), accumulate=True)
+                    g_v.index_put_((rws, rp), _owned(pd[rws, l_, :, 2:3] * ga[rws, l_], ring.last_kept),
+                                   accumulate=True)
                 del ga, v, ve, vs
                 # dropout on the probabilities, then the softmax
                 g_p = g_pd if pd is probs else g_pd * torch.where(probs > 0, pd / probs.clamp(min=1e-30), 0.0)
@@ -328,10 +400,14 @@ class _RingCore(torch.autograd.Function):
                 g_k[:, :-1].addcmul_(gl[:, 1:], q[:, 1:])
                 g_k[:, 1:].addcmul_(gr[:, :-1], q[:, :-1])
                 if ring.wrap:
-                    g_q.index_put_((rws, f), g_s[rws, f, :, 0:1] * k[rws, l_], accumulate=True)
-                    g_q.index_put_((rws, l_), g_s[rws, l_, :, 2:3] * k[rws, f], accumulate=True)
-                    g_k.index_put_((rws, l_), g_s[rws, f, :, 0:1] * q[rws, f], accumulate=True)
-                    g_k.index_put_((rws, f), g_s[rws, l_, :, 2:3] * q[rws, l_], accumulate=True)
+                    g_q.index_put_((rws, f), g_s[rws, f, :, 0:1] * k[rws, lp], accumulate=True)
+                    g_q.index_put_((rws, l_), g_s[rws, l_, :, 2:3] * k[rws, rp], accumulate=True)
+                    g_k.index_put_((rws, lp), _owned(g_s[rws, f, :, 0:1] * q[rws, f], ring.first_kept),
+                                   accumulate=True)
+                    g_k.index_put_((rws, rp), _owned(g_s[rws, l_, :, 2:3] * q[rws, l_], ring.last_kept),
+                                   accumulate=True)
+                if isinstance(ring, _BlockRing) and ring.tail:  # the partner copies' gradients
+                    g_partners = g_partners + torch.stack([g_k[:, -2:], g_v[:, -2:]]).reshape(2, B, 2, H * dh)
                 g_ke = g_s[..., 3:4] * q
                 g_ks_all = g_ks_all + (g_s[:, keep, :, 4:5] * q[:, keep]).sum(1, keepdim=True)
                 del q, k, ke, ks, g_s
@@ -354,6 +430,16 @@ class _RingCore(torch.autograd.Function):
                     g_h, g_emb = gh_b, ge_b
                 del gh_b, ge_b
                 del g_q, g_k, g_v, g_ke, g_ve
+            if partners is not None:  # the wrapped neighbours' keys and values, back to their rows
+                (g_kp, g_vp), p2 = g_partners.reshape(2, 2 * B, H * dh), partners.reshape(2 * B, d)
+                g_wk.addmm_(g_kp.t(), p2)
+                g_bk += g_kp.sum(0)
+                g_wv.addmm_(g_vp.t(), p2)
+                g_bv += g_vp.sum(0)
+                g_p = g_kp.mm(wk).addmm_(g_vp, wv).view(B, 2, d)
+                rws = ctx.ring.rows
+                g_h.index_put_((rws, ctx.ring.last), g_p[:, 0], accumulate=True)
+                g_h.index_put_((rws, ctx.ring.first), g_p[:, 1], accumulate=True)
             g_ks, g_vs, s2 = g_ks_all.reshape(-1, H * dh), g_vs_all.reshape(-1, H * dh), relay.reshape(-1, d)
             g_wk.addmm_(g_ks.t(), s2)
             g_bk += g_ks.sum(0)
@@ -391,12 +477,21 @@ class RingAttention(_Projections):
         With ``fused`` (default) the core runs as :class:`_RingCore` (same outputs and
         gradients, far less activation memory); otherwise through plain autograd ops.
         """
-        if self.fused:
-            return _RingCore.apply(h, emb, relay, self.q_proj.weight, self.q_proj.bias, self.k_proj.weight,
-                                   self.k_proj.bias, self.v_proj.weight, self.v_proj.bias, self.out_proj.weight,
-                                   self.out_proj.bias, ring, self.heads, self.head_dim, self.attention_dropout,
-                                   self.training)
-        return self.forward_autograd(h, emb, relay, ring)
+        if not self.fused:
+            return self.forward_autograd(h, emb, relay, ring)
+        tensors = (h, emb, relay, self.q_proj.weight, self.q_proj.bias, self.k_proj.weight, self.k_proj.bias,
+                   self.v_proj.weight, self.v_proj.bias, self.out_proj.weight, self.out_proj.bias)
+        device = h.device.type
+        if torch.is_autocast_enabled(device):
+            # autocast (--amp) does not reach inside an autograd Function: cast every input to
+            # the autocast dtype here (autograd casts the gradients back) and run the core,
+            # forward and backward, in that one dtype
+            dtype = torch.get_autocast_dtype(device)
+            tensors = tuple(t.to(dtype) for t in tensors)
+            with torch.autocast(device, enabled=False):
+                return _RingCore.apply(*tensors, ring, self.heads, self.head_dim, self.attention_dropout,
+                                       self.training)
+        return _RingCore.apply(*tensors, ring, self.heads, self.head_dim, self.attention_dropout, self.training)
 
     def forward_autograd(self, h, emb, relay, ring: _Ring):
         """Reference implementation of the same ring attention with autograd-tracked ops."""
@@ -582,18 +677,19 @@ class StarTransformer(nn.Module):
         return (idx - leading).clamp(min=0)
 
     def forward(self, x, pad_mask=None):
+        """No value is read back to the host (a GPU never waits), unless the input is longer
+        than the position table, where the longest sentence is measured for the error."""
         B, n, d = x.shape
         o = self.options
-        if pad_mask is not None and not pad_mask.any():
-            pad_mask = None
         if self.embed_positions is not None:
             pos = self.positions(pad_mask, B, n, x.device)
-            longest = int(pos.max()) + 1 if n > 0 else 0
-            if longest > o.max_positions:
-                raise ValueError(
-                    f"input of {longest} tokens is longer than the position table "
-                    f"(--max-positions {o.max_positions}); raise --max-positions or truncate the data "
-                    f"(e.g. --shorten-method truncate)")
+            if n > o.max_positions:  # only then can a sentence be too long: measure it
+                longest = int(pos.max()) + 1
+                if longest > o.max_positions:
+                    raise ValueError(
+                        f"input of {longest} tokens is longer than the position table "
+                        f"(--max-positions {o.max_positions}); raise --max-positions or truncate the data "
+                        f"(e.g. --shorten-method truncate)")
             x = x + self.embed_positions(pos)
         emb = F.dropout(x, o.dropout, self.training)  # e_i of the context C_i
         if pad_mask is not None and o.relay_init_mask_pads:

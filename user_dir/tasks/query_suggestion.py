@@ -32,12 +32,13 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 from fairseq import metrics, utils
-from fairseq.data import LanguagePairDataset, ListDataset
+from fairseq.data import BaseWrapperDataset, LanguagePairDataset, ListDataset
 from fairseq.dataclass import ChoiceEnum
 from fairseq.tasks import register_task
 from fairseq.tasks.translation import TranslationConfig, TranslationTask
 
 from ..modules import query_suggestion_metrics as qs_metrics
+from ..modules.mtn_session_encoder import session_layout
 from ..modules.query_sessions import SEP, flatten, read_sessions, session_examples
 
 logger = logging.getLogger(__name__)
@@ -59,6 +60,23 @@ class QuerySuggestionConfig(TranslationConfig):
         default=False, metadata={"help": "at validation, beam-search suggestions and log bleu, em@1, em@k, mrr"})
     eval_nbest: int = field(default=5, metadata={"help": "k: beam size and number of suggestions at validation"})
     eval_max_len: int = field(default=0, metadata={"help": "longest suggestion at validation (0: --max-query-length + 1)"})
+
+
+class SessionLayoutDataset(BaseWrapperDataset):
+    """Adds ``net_input["session_layout"]`` (:func:`~user_dir.modules.mtn_session_encoder.session_layout`)
+    to every batch, so the MTN encoder finds its queries without reading the device back."""
+
+    def __init__(self, dataset, src_dict, max_query_length):
+        super().__init__(dataset)
+        self.src_dict, self.slots = src_dict, max_query_length + 1
+
+    def collater(self, samples):
+        batch = self.dataset.collater(samples)
+        if batch:
+            d = self.src_dict
+            batch["net_input"]["session_layout"] = session_layout(
+                batch["net_input"]["src_tokens"], d.pad(), d.eos(), d.index(SEP), self.slots)
+        return batch
 
 
 @register_task("query_suggestion", dataclass=QuerySuggestionConfig)
@@ -84,6 +102,10 @@ class QuerySuggestionTask(TranslationTask):
         return task
 
     def load_dataset(self, split, epoch=1, combine=False, **kwargs):
+        self._load_examples(split, epoch=epoch, combine=combine, **kwargs)
+        self.datasets[split] = SessionLayoutDataset(self.datasets[split], self.src_dict, self.cfg.max_query_length)
+
+    def _load_examples(self, split, epoch=1, combine=False, **kwargs):
         raw = os.path.join(utils.split_paths(self.cfg.data)[0], f"{split}.ses")
         if not os.path.isfile(raw):
             return super().load_dataset(split, epoch=epoch, combine=combine, **kwargs)
