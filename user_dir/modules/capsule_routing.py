@@ -114,9 +114,7 @@ def dynamic_routing(gram, init_logits: Tensor, iters: int, size: Tensor,
     ``<C_m, s_n> = (G c)_{mn}`` and ``||s_n||² = Σ_m c_{mn} (G c)_{mn}``.
 
     Args:
-        gram: ``(G, M, M)`` Gram matrices of ``G`` groups of ``M`` input capsules,
-            or a function ``c -> G c`` (``(G, M, N) -> (G, M, N)``) that never
-            forms ``G`` (horizontal routing during decoding).
+        gram: ``(G, M, M)`` symmetric Gram matrices of ``G`` groups of ``M`` input capsules.
         init_logits: ``(G, M, N)`` or ``(M, N)`` (shared by the groups) learned
             initial routing logits ``B⁰``.
         iters: number of routing iterations ``r`` (≥ 1).
@@ -128,7 +126,6 @@ def dynamic_routing(gram, init_logits: Tensor, iters: int, size: Tensor,
 
     Returns ``(weights, couplings)``: ``Ω_n = Σ_m weights_{mn} C_m``.
     """
-    agree_with = gram if callable(gram) else functools.partial(torch.bmm, gram)
     logits, inv_size = init_logits, size.reciprocal()
     if inv_size.dim():
         inv_size = inv_size.unsqueeze(-2)  # (G, 1, N)
@@ -140,16 +137,14 @@ def dynamic_routing(gram, init_logits: Tensor, iters: int, size: Tensor,
             couplings = couplings * visible
         if couplings.dim() == 2:  # the shared initial logits, first iteration
             couplings = couplings.expand(gram.size(0), -1, -1)
-        agree = agree_with(couplings)  # <C_m, s_n>
+        if couplings.size(-1) == 1:  # one output (a decoding step): G c without a slow batched gemv
+            agree = (gram * couplings.transpose(1, 2)).sum(-1, keepdim=True)
+        else:
+            agree = torch.bmm(gram, couplings)  # <C_m, s_n>
         gain = squash_gain((couplings * agree).sum(-2, keepdim=True) * inv_size)  # (G, 1, N)
         if it + 1 < iters:
             logits = torch.addcmul(logits, agree, gain * inv_size)
     return couplings * gain, couplings
-
-
-def _suffix_sum(x: Tensor, dim: int) -> Tensor:
-    """``Σ_{m' ≥ m} x_{m'}`` along ``dim``."""
-    return x.flip(dim).cumsum(dim).flip(dim)
 
 
 def factored_gram(u: Tensor, q: Tensor) -> Tensor:
@@ -162,18 +157,21 @@ def factored_gram(u: Tensor, q: Tensor) -> Tensor:
     return x.triu() + x.triu(1).transpose(1, 2)
 
 
-def factored_agreement(u: Tensor, q: Tensor, couplings: Tensor) -> Tensor:
-    """``G c`` for the Gram of :func:`factored_gram` without forming it: ``O(M·N·D)``.
+def grow_gram(gram: Tensor, u: Tensor, q_new: Tensor) -> Tensor:
+    """The Gram of :func:`factored_gram` for ``M = P + Q`` rows from the kept ``(B, P, P)`` one.
 
-    ``(G c)_mn = q_m · Σ_{m'<m} c_{m'n} u_{m'} + u_m · Σ_{m'≥m} c_{m'n} q_{m'}`` (prefix and
-    suffix sums over the capsules).  ``couplings``: ``(B, M, N)``.
+    ``u``: ``(B, M, D)`` all rows' ``u``; ``q_new``: ``(B, Q, D)`` the new rows' ``q``.  Only
+    the new columns are computed: ``O(M·Q·D)``.
     """
-    c = couplings.unsqueeze(-1)  # (B, M, N, 1)
-    q, u = q.unsqueeze(2), u.unsqueeze(2)  # (B, M, 1, D)
-    cu = c * u
-    before = cu.cumsum(1) - cu
-    after = _suffix_sum(c * q, 1)
-    return (before * q).sum(-1) + (after * u).sum(-1)
+    past = gram.size(1)
+    if q_new.size(1) == 1:  # a decoding step: u_m · q_n as a product-sum (a batched gemv is slow on CPU)
+        cols = (u * q_new).sum(-1, keepdim=True)
+    else:
+        cols = torch.bmm(u, q_new.transpose(1, 2))  # (B, M, Q): u_m · q_n, right for m <= n
+    block = cols[:, past:]
+    block = block.triu() + block.triu(1).transpose(1, 2)
+    side = cols[:, :past]
+    return torch.cat([torch.cat([gram, side], dim=2), torch.cat([side.transpose(1, 2), block], dim=2)], dim=1)
 
 
 class CapsuleRouting(nn.Module):
@@ -213,7 +211,7 @@ class CapsuleRouting(nn.Module):
 
     def forward(self, logits: Tensor, counts: Tensor, state: Optional[Dict[str, Tensor]] = None,
                 capture: bool = False, query: Optional[Tensor] = None, key: Optional[Tensor] = None,
-                keys_are_rows: bool = False):
+                keys_are_rows: bool = False, keep_state: bool = False):
         """Routes the neutralised logit cube.
 
         Args:
@@ -231,6 +229,7 @@ class CapsuleRouting(nn.Module):
                 are the factors, and no ``state`` may be given.
             keys_are_rows: self-attention: key ``k`` is query row ``k``, so a
                 causal row ``m`` sees the keys ``≤ m``.
+            keep_state: return the state that the next decoding step needs.
         Returns ``(omega, new_state, info)`` with ``omega`` in ``logits``'
         layout and dtype; ``info`` holds the couplings when ``capture`` is set.
         All routing runs in float32 (decision 9), with autocast off.
@@ -249,7 +248,8 @@ class CapsuleRouting(nn.Module):
                 if capture:
                     info["vertical_couplings"], info["omega_vertical"] = c, omega
             if self.horizontal:
-                o, c = self._horizontal(logits, counts, state, new_state, query, key, keys_are_rows)
+                o, c = self._horizontal(logits, counts, state, new_state if keep_state else None, query, key,
+                                       keys_are_rows)
                 omega = o if omega is None else omega + o
                 if capture:
                     info["horizontal_couplings"], info["omega_horizontal"] = c, o
@@ -298,13 +298,18 @@ class CapsuleRouting(nn.Module):
             q_rows = (query * valid).transpose(1, 2).reshape(bsz, q_len, -1)
             u_rows = torch.matmul(logits.transpose(1, 2), key).transpose(1, 2).reshape(bsz, q_len, -1)
         past = 0
-        if "horizontal_q" in state:  # decoding: the earlier rows' factors, O(D) each
-            past = state["horizontal_q"].size(1)
-            q_rows = torch.cat([state["horizontal_q"], q_rows], dim=1)
+        if "horizontal_gram" in state:  # decoding: the kept Gram grows by the new rows' columns
+            past = state["horizontal_gram"].size(1)
             u_rows = torch.cat([state["horizontal_u"], u_rows], dim=1)
             row_counts = torch.cat([state["horizontal_counts"], row_counts], dim=1)
-        if self.causal and query is not None:
-            new_state.update(horizontal_q=q_rows, horizontal_u=u_rows, horizontal_counts=row_counts)
+            gram = grow_gram(state["horizontal_gram"], u_rows, q_rows)
+            q_t = torch.cat([state["horizontal_qt"], q_rows.transpose(1, 2)], dim=2)
+        else:
+            gram = factored_gram(u_rows, q_rows)
+            q_t = q_rows.transpose(1, 2)
+        if self.causal and query is not None and new_state is not None:
+            new_state.update(horizontal_gram=gram, horizontal_u=u_rows, horizontal_qt=q_t.contiguous(),
+                             horizontal_counts=row_counts)
         total = past + q_len
         m_pos = torch.arange(total, device=logits.device)
         n_pos = torch.arange(past, total, device=logits.device)
@@ -318,22 +323,20 @@ class CapsuleRouting(nn.Module):
         if self.causal and q_len > 1:  # one new query (a decoding step) sees every earlier row
             visible = m_pos.unsqueeze(1) <= n_pos.unsqueeze(0)  # (M, Q), broadcast over the batch
         size = self._size(counts.to(logits.dtype) * heads)  # (B, Q): entries of output capsule n
-        if past:  # G c by prefix/suffix sums over the kept rows: O(M·D) per new row
-            gram = functools.partial(factored_agreement, u_rows, q_rows)
-        else:
-            gram = factored_gram(u_rows, q_rows)
         weights, couplings = dynamic_routing(gram, init, self.iters, size, out_dim=-2, visible=visible)
         wt = weights.transpose(1, 2)  # (B, Q, M): Ω_n = Σ_m w_mn C_m
         if query is None:
             omega = torch.bmm(wt, q_rows)
         elif not (self.causal and keys_are_rows):  # all rows see the same keys: Ω_h = (Wᵀ Q_h) K_hᵀ
-            wq = torch.bmm(wt, q_rows).view(bsz, q_len, heads, -1).transpose(1, 2)
+            wq = torch.bmm(wt, q_t.transpose(1, 2)).view(bsz, q_len, heads, -1).transpose(1, 2)
             omega = torch.matmul(wq, key.transpose(2, 3)).transpose(1, 2)
         elif not past:  # full causal self-attention pass: Ω_h = Wᵀ E_h
             omega = torch.matmul(wt.unsqueeze(1), logits.transpose(1, 2)).transpose(1, 2)
-        else:  # decoding, row m sees keys <= m: Ω_h[n, k] = k_k · Σ_{m >= k} w_mn q_m
-            p = _suffix_sum(weights.unsqueeze(-1) * q_rows.unsqueeze(2), 1).view(bsz, total, q_len, heads, -1)
-            omega = torch.einsum("bknhd,bhkd->bnhk", p, key)
+        else:  # decoding, row m sees keys <= m: Ω_h[n, k] = k_k · Σ_{m >= k} w_mn q_m (a suffix sum)
+            x = q_t.unsqueeze(2) * wt.unsqueeze(1)  # (B, D, Q, M), summed over rows m >= k
+            prefix = x.cumsum(-1)  # along the last dim: torch's fast scan
+            suffix = (prefix[..., -1:] - prefix + x).view(bsz, heads, -1, q_len, total)
+            omega = (suffix * key.transpose(2, 3).unsqueeze(3)).sum(2).transpose(1, 2)  # (B, Q, H, K)
         return omega.reshape(bsz, q_len, heads, k_len), couplings
 
 
@@ -413,7 +416,8 @@ class CapsuleMultiheadAttention(MultiheadAttention):
         if incremental_state is not None and self.capsule.causal:
             cap_state = self.get_incremental_state(incremental_state, "capsule_state")
         factors = dict(query=q.view(bsz, heads, tgt_len, hd), key=k.view(bsz, heads, src_len, hd),
-                       keys_are_rows=self.self_attention, capture=self.capture)
+                       keys_are_rows=self.self_attention, capture=self.capture,
+                       keep_state=incremental_state is not None)
         if attn_mask is None and key_padding_mask is None:
             # nothing masked (beam-search steps, unpadded batches): no masks to build or apply
             counts = scores.new_full((bsz, tgt_len), src_len)
