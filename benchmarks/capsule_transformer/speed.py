@@ -1,21 +1,28 @@
 """Speed of capsule_transformer relative to fairseq's transformer of identical size, in one process.
 
-* training step: forward + backward + Adam step on the same random batches
-  (``--batch-sentences`` × ``--length`` tokens on each side), median over
-  ``--repeats`` interleaved measurements;
-* generation: fairseq's ``SequenceGenerator`` with beam 5 on the same source
-  sentences, every hypothesis forced to the same length (untrained models
-  would otherwise stop at different lengths), sentences/s, median over repeats.
+At each source length of ``--lengths`` (default 30, 100, 250 tokens):
 
-Both models share seed, sizes and batches; measurements are interleaved
-(vanilla, capsule, vanilla, ...) so that load from other jobs hits both alike.
-Times are the process's CPU time (``time.process_time``; one thread), so that
-time spent descheduled by other jobs on a shared machine is not counted.
+* training step: forward + backward + Adam step on the same random batch of about
+  ``--tokens`` tokens per side (``tokens // length`` sentences), median over ``--repeats``
+  interleaved measurements;
+* generation: fairseq's ``SequenceGenerator`` with beam ``--beam`` on about ``--gen-tokens``
+  source tokens, every hypothesis forced to ``length + 5`` tokens (untrained models would
+  otherwise stop at different lengths), sentences/s, median over repeats.
 
-    OMP_NUM_THREADS=1 python benchmarks/capsule_transformer/speed.py            # demo sizes
-    OMP_NUM_THREADS=1 python benchmarks/capsule_transformer/speed.py --preset base
+Then the per-token cost of decoding late in a long output: the decoder alone, incremental,
+on ``--decode-rows`` beam rows (a source of 30 tokens), reordered at every step as beam
+search does; the median time of the 10 steps around each of ``--decode-steps`` (30, 300).
+
+Both models share seed, sizes and batches; measurements are interleaved (vanilla, capsule,
+vanilla, ...) so that load from other jobs hits both alike.  Times are the process's CPU
+time (``time.process_time``; one thread), so time spent descheduled by other jobs on a
+shared machine is not counted.  ``--out`` writes every figure as JSON.
+
+    OMP_NUM_THREADS=1 python benchmarks/capsule_transformer/speed.py --preset multi30k \\
+        --out benchmarks/capsule_transformer/results/speed_multi30k.json
 """
 import argparse
+import json
 import os
 import statistics
 import sys
@@ -78,16 +85,56 @@ def generate_rate(model, dictionary, b, beam):
     return b["src_tokens"].size(0) / (time.process_time() - t0)
 
 
+def decode_step_times(model, dictionary, rows, beam, steps, seed=7):
+    """CPU time of each incremental decoder step (encoder once; reorder within beams every step)."""
+    model.eval()
+    b = batch(dictionary, rows // beam, 30, seed)
+    tokens = torch.randint(dictionary.nspecial, len(dictionary), (rows, steps), generator=torch.Generator().manual_seed(seed))
+    tokens[:, 0] = dictionary.eos()
+    order = torch.arange(rows).view(-1, beam).roll(1, dims=1).reshape(-1)  # rows move inside their beam
+    times, state = [], {}
+    with torch.no_grad():
+        enc = model.encoder(b["src_tokens"], src_lengths=b["src_lengths"])
+        enc = model.encoder.reorder_encoder_out(enc, torch.arange(rows // beam).repeat_interleave(beam))
+        for t in range(steps):
+            t0 = time.process_time()
+            if t:
+                model.decoder.reorder_incremental_state_scripting(state, order)
+            out = model.decoder(tokens[:, :t + 1], encoder_out=enc, incremental_state=state)
+            model.get_normalized_probs(out, log_probs=True)
+            times.append(time.process_time() - t0)
+    return times
+
+
+def interleaved(models, measure, repeats):
+    """``{name: [figure per repeat]}``, the models taking turns."""
+    out = {k: [] for k in models}
+    for _ in range(repeats):
+        for k, m in models.items():
+            out[k].append(measure(k, m))
+    return out
+
+
+def ratio_row(figures):
+    med = {k: statistics.median(v) for k, v in figures.items()}
+    cap, van = med["capsule_transformer"], med["transformer"]
+    return {"transformer": van, "capsule_transformer": cap, "ratio": cap / van,
+            "capsule_runs": figures["capsule_transformer"], "transformer_runs": figures["transformer"]}
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--preset", choices=PRESETS, default="demo")
-    p.add_argument("--batch-sentences", type=int, default=64)
-    p.add_argument("--length", type=int, default=30)
-    p.add_argument("--repeats", type=int, default=7)
-    p.add_argument("--gen-sentences", type=int, default=32)
+    p.add_argument("--preset", choices=PRESETS, default="multi30k")
+    p.add_argument("--lengths", default="30,100,250", help="source (and target) lengths, comma separated")
+    p.add_argument("--tokens", type=int, default=2000, help="tokens per side of a training batch")
+    p.add_argument("--gen-tokens", type=int, default=500, help="source tokens of a generation batch")
+    p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--beam", type=int, default=5)
+    p.add_argument("--decode-steps", default="30,300", help="steps whose per-token decoding time is reported")
+    p.add_argument("--decode-rows", type=int, default=20, help="beam rows of the per-token measurement")
     p.add_argument("--routing-iters", type=int, default=3)
     p.add_argument("--capsule-args", default="", help="extra flags for capsule_transformer, space separated")
+    p.add_argument("--out", help="write every figure to this JSON file")
     a = p.parse_args()
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     d = toy_dictionary(1000)
@@ -97,29 +144,40 @@ def main():
                        + a.capsule_args.split(), dictionary=d, seed=1)
     models = {"transformer": vanilla, "capsule_transformer": capsule}
     opts = {k: torch.optim.Adam(m.parameters(), lr=1e-4) for k, m in models.items()}
-    train_b = batch(d, a.batch_sentences, a.length, seed=3)
-    gen_b = batch(d, a.gen_sentences, a.length // 2, seed=5)
-    step = {k: [] for k in models}
-    rate = {k: [] for k in models}
-    for k, m in models.items():  # warm-up
-        train_step_time(m, opts[k], train_b)
-    for _ in range(a.repeats):
-        for k, m in models.items():
-            step[k].append(train_step_time(m, opts[k], train_b))
-    for _ in range(max(3, a.repeats // 2)):
-        for k, m in models.items():
-            rate[k].append(generate_rate(m, d, gen_b, a.beam))
-    med_step = {k: statistics.median(v) for k, v in step.items()}
-    med_rate = {k: statistics.median(v) for k, v in rate.items()}
+    result = {"preset": a.preset, "routing_iters": a.routing_iters, "capsule_args": a.capsule_args,
+              "threads": torch.get_num_threads(), "repeats": a.repeats, "beam": a.beam, "train": {},
+              "generate": {}, "decode": {}}
     print(f"preset={a.preset} routing_iters={a.routing_iters} capsule_args='{a.capsule_args}' "
-          f"batch={a.batch_sentences}x{a.length} threads={torch.get_num_threads()}")
-    for k in models:
-        print(f"{k:22s} train step median {med_step[k] * 1000:8.1f} ms   beam-{a.beam} generation "
-              f"median {med_rate[k]:7.2f} sent/s")
-    print(f"step-time ratio capsule/vanilla: {med_step['capsule_transformer'] / med_step['transformer']:.3f} "
-          f"(target <= 1.3)")
-    print(f"generation speed ratio capsule/vanilla: "
-          f"{med_rate['capsule_transformer'] / med_rate['transformer']:.3f} (target >= 0.75)")
+          f"threads={torch.get_num_threads()} repeats={a.repeats} (medians; CPU time)")
+    for length in map(int, a.lengths.split(",")):
+        train_b = batch(d, max(1, a.tokens // length), length, seed=3)
+        gen_b = batch(d, max(1, a.gen_tokens // length), length, seed=5)
+        for k, m in models.items():  # warm-up
+            train_step_time(m, opts[k], train_b)
+        step = ratio_row(interleaved(models, lambda k, m: train_step_time(m, opts[k], train_b), a.repeats))
+        rate = ratio_row(interleaved(models, lambda k, m: generate_rate(m, d, gen_b, a.beam), a.repeats))
+        step["sentences"], rate["sentences"] = train_b["src_tokens"].size(0), gen_b["src_tokens"].size(0)
+        result["train"][length], result["generate"][length] = step, rate
+        print(f"length {length:4d}: train step {step['transformer'] * 1e3:8.1f} / {step['capsule_transformer'] * 1e3:8.1f}"
+              f" ms ({step['sentences']} sent.), ratio capsule/vanilla {step['ratio']:.3f} (target <= 1.3); "
+              f"beam-{a.beam} generation {rate['transformer']:6.2f} / {rate['capsule_transformer']:6.2f} sent/s "
+              f"({rate['sentences']} sent.), speed ratio {rate['ratio']:.3f} (target >= 0.75)")
+    steps = [int(s) for s in a.decode_steps.split(",")]
+    windows = interleaved(models, lambda k, m: decode_step_times(m, d, a.decode_rows, a.beam, max(steps) + 6),
+                          a.repeats)
+    for s in steps:
+        per_step = {k: [statistics.median(run[s - 5:s + 5]) for run in runs] for k, runs in windows.items()}
+        row = ratio_row(per_step)
+        result["decode"][s] = row
+        print(f"decoding step {s:4d} ({a.decode_rows} rows): {row['transformer'] * 1e3:.2f} / "
+              f"{row['capsule_transformer'] * 1e3:.2f} ms per token, ratio capsule/vanilla {row['ratio']:.3f}")
+    if len(steps) > 1:
+        first, last = result["decode"][steps[0]]["ratio"], result["decode"][steps[-1]]["ratio"]
+        print(f"step-{steps[-1]} ratio / step-{steps[0]} ratio: {last / first:.3f} (target <= 1.5)")
+    if a.out:
+        os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
+        with open(a.out, "w") as f:
+            json.dump(result, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -105,7 +105,7 @@ def _scalar(value: float, like: Tensor) -> Tensor:
     return _constant(value, like.dtype, like.device)
 
 
-def dynamic_routing(gram: Tensor, init_logits: Tensor, iters: int, size: Tensor,
+def dynamic_routing(gram, init_logits: Tensor, iters: int, size: Tensor,
                     out_dim: int, visible: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
     """Dynamic routing (paper Alg. 1) with identity votes, in Gram-matrix form.
 
@@ -114,7 +114,7 @@ def dynamic_routing(gram: Tensor, init_logits: Tensor, iters: int, size: Tensor,
     ``<C_m, s_n> = (G c)_{mn}`` and ``||s_n||² = Σ_m c_{mn} (G c)_{mn}``.
 
     Args:
-        gram: ``(G, M, M)`` Gram matrices of ``G`` groups of ``M`` input capsules.
+        gram: ``(G, M, M)`` symmetric Gram matrices of ``G`` groups of ``M`` input capsules.
         init_logits: ``(G, M, N)`` or ``(M, N)`` (shared by the groups) learned
             initial routing logits ``B⁰``.
         iters: number of routing iterations ``r`` (≥ 1).
@@ -137,11 +137,41 @@ def dynamic_routing(gram: Tensor, init_logits: Tensor, iters: int, size: Tensor,
             couplings = couplings * visible
         if couplings.dim() == 2:  # the shared initial logits, first iteration
             couplings = couplings.expand(gram.size(0), -1, -1)
-        agree = torch.bmm(gram, couplings)  # <C_m, s_n>
+        if couplings.size(-1) == 1:  # one output (a decoding step): G c without a slow batched gemv
+            agree = (gram * couplings.transpose(1, 2)).sum(-1, keepdim=True)
+        else:
+            agree = torch.bmm(gram, couplings)  # <C_m, s_n>
         gain = squash_gain((couplings * agree).sum(-2, keepdim=True) * inv_size)  # (G, 1, N)
         if it + 1 < iters:
             logits = torch.addcmul(logits, agree, gain * inv_size)
     return couplings * gain, couplings
+
+
+def factored_gram(u: Tensor, q: Tensor) -> Tensor:
+    """Gram matrix ``G_mn = u_min(m,n) · q_max(m,n)`` of horizontal capsules, ``(B, M, M)``.
+
+    ``q``, ``u``: ``(B, M, D)``, heads concatenated (see :meth:`CapsuleRouting._horizontal`).
+    One ``(M × D)·(D × M)`` product: ``O(M²·D)``, never the ``(M × H·K)`` capsules.
+    """
+    x = torch.bmm(u, q.transpose(1, 2))  # x_mn = u_m · q_n, right for m <= n
+    return x.triu() + x.triu(1).transpose(1, 2)
+
+
+def grow_gram(gram: Tensor, u: Tensor, q_new: Tensor) -> Tensor:
+    """The Gram of :func:`factored_gram` for ``M = P + Q`` rows from the kept ``(B, P, P)`` one.
+
+    ``u``: ``(B, M, D)`` all rows' ``u``; ``q_new``: ``(B, Q, D)`` the new rows' ``q``.  Only
+    the new columns are computed: ``O(M·Q·D)``.
+    """
+    past = gram.size(1)
+    if q_new.size(1) == 1:  # a decoding step: u_m · q_n as a product-sum (a batched gemv is slow on CPU)
+        cols = (u * q_new).sum(-1, keepdim=True)
+    else:
+        cols = torch.bmm(u, q_new.transpose(1, 2))  # (B, M, Q): u_m · q_n, right for m <= n
+    block = cols[:, past:]
+    block = block.triu() + block.triu(1).transpose(1, 2)
+    side = cols[:, :past]
+    return torch.cat([torch.cat([gram, side], dim=2), torch.cat([side.transpose(1, 2), block], dim=2)], dim=1)
 
 
 class CapsuleRouting(nn.Module):
@@ -180,7 +210,8 @@ class CapsuleRouting(nn.Module):
                 f"omega_gate={self.omega_gate is not None}")
 
     def forward(self, logits: Tensor, counts: Tensor, state: Optional[Dict[str, Tensor]] = None,
-                capture: bool = False):
+                capture: bool = False, query: Optional[Tensor] = None, key: Optional[Tensor] = None,
+                keys_are_rows: bool = False, keep_state: bool = False):
         """Routes the neutralised logit cube.
 
         Args:
@@ -191,25 +222,40 @@ class CapsuleRouting(nn.Module):
                 (0 for pad rows, which then take no part in routing).
             state: incremental-decoding state of earlier query rows (causal
                 modules only); ``None`` for a full pass.
+            query, key: ``(B, H, Q, d)`` scaled queries and ``(B, H, K, d)`` keys
+                with ``logits = query · keyᵀ`` on the visible entries.  Horizontal
+                routing works on these factors (module docstring, decision 8);
+                without them (tests, plots of a bare cube) the rows of ``logits``
+                are the factors, and no ``state`` may be given.
+            keys_are_rows: self-attention: key ``k`` is query row ``k``, so a
+                causal row ``m`` sees the keys ``≤ m``.
+            keep_state: return the state that the next decoding step needs.
         Returns ``(omega, new_state, info)`` with ``omega`` in ``logits``'
-        layout; ``info`` holds the couplings when ``capture`` is set (for plots).
+        layout and dtype; ``info`` holds the couplings when ``capture`` is set.
+        All routing runs in float32 (decision 9), with autocast off.
         """
         state = state or {}
         new_state: Dict[str, Tensor] = {}
         info: Dict[str, Tensor] = {}
         omega = None
-        if self.vertical:
-            omega, c = self._vertical(logits, counts, state, new_state)
-            if capture:
-                info["vertical_couplings"], info["omega_vertical"] = c, omega
-        if self.horizontal:
-            o, c = self._horizontal(logits, counts, state, new_state)
-            omega = o if omega is None else omega + o
-            if capture:
-                info["horizontal_couplings"], info["omega_horizontal"] = c, o
-        if self.omega_gate is not None:  # decision 7: (B, Q, H, K) scaled per head
-            omega = omega * self.omega_gate.view(1, 1, -1, 1)
-        return omega, new_state, info
+        dtype = logits.dtype
+        with torch.autocast(logits.device.type, enabled=False):
+            logits = logits.float().contiguous()
+            if query is not None:
+                query, key = query.float(), key.float()
+            if self.vertical:
+                omega, c = self._vertical(logits, counts, state, new_state)
+                if capture:
+                    info["vertical_couplings"], info["omega_vertical"] = c, omega
+            if self.horizontal:
+                o, c = self._horizontal(logits, counts, state, new_state if keep_state else None, query, key,
+                                       keys_are_rows)
+                omega = o if omega is None else omega + o
+                if capture:
+                    info["horizontal_couplings"], info["omega_horizontal"] = c, o
+            if self.omega_gate is not None:  # decision 7: (B, Q, H, K) scaled per head
+                omega = omega * self.omega_gate.float().view(1, 1, -1, 1)
+        return omega.to(dtype), new_state, info
 
     def _size(self, n: Tensor) -> Tensor:
         return n.clamp_min(1.0) if self.squash == "rms" else torch.ones_like(n)
@@ -231,7 +277,7 @@ class CapsuleRouting(nn.Module):
         else:
             gram, n = row_gram.sum(1, keepdim=True), n.sum(1, keepdim=True)
         groups = gram.size(1)  # Q (causal: one routing per query prefix) or 1
-        weights, couplings = dynamic_routing(gram.view(bsz * groups, heads, heads), self.vertical_logits,
+        weights, couplings = dynamic_routing(gram.view(bsz * groups, heads, heads), self.vertical_logits.float(),
                                              self.iters, self._size(n).view(bsz * groups, 1), out_dim=-1)
         weights, couplings = (x.view(bsz, groups, heads, heads) for x in (weights, couplings))
         if groups == q_len:  # Ω↕_n = Σ_m w_mn C_m, row by row
@@ -239,30 +285,36 @@ class CapsuleRouting(nn.Module):
             return omega.view(bsz, q_len, heads, k_len), couplings
         return torch.matmul(weights.transpose(-1, -2), logits), couplings
 
-    def _horizontal(self, logits, counts, state, new_state):
-        """One capsule per query token (its logits on all heads, flattened to H·K)."""
+    def _horizontal(self, logits, counts, state, new_state, query, key, keys_are_rows):
+        """One capsule per query token (its logits on all heads, ``H·K`` entries), decision 8."""
         bsz, q_len, heads, k_len = logits.shape
-        flat, row_counts = logits.reshape(bsz, q_len, heads * k_len), counts.to(logits.dtype)
-        rows, past = flat, 0
-        if "horizontal_rows" in state:
-            prev = state["horizontal_rows"]  # (B, P, H, K') with K' <= K
-            past = prev.size(1)
-            prev = F.pad(prev, (0, k_len - prev.size(3))).reshape(bsz, past, heads * k_len)
-            rows = torch.cat([prev, flat], dim=1)
+        row_counts = counts.to(logits.dtype)
+        if query is None:  # the bare cube: its rows are the query vectors, the keys the identity
+            if state:
+                raise ValueError("incremental horizontal routing needs the queries and keys of the logits")
+            q_rows = u_rows = logits.reshape(bsz, q_len, heads * k_len)
+        else:  # q_m (pad rows zeroed) and u_m = Σ_k E_mk k_k over the keys row m sees, heads concatenated
+            valid = (counts > 0).to(logits.dtype).view(bsz, 1, q_len, 1)
+            q_rows = (query * valid).transpose(1, 2).reshape(bsz, q_len, -1)
+            u_rows = torch.matmul(logits.transpose(1, 2), key).transpose(1, 2).reshape(bsz, q_len, -1)
+        past = 0
+        if "horizontal_gram" in state:  # decoding: the kept Gram grows by the new rows' columns
+            past = state["horizontal_gram"].size(1)
+            u_rows = torch.cat([state["horizontal_u"], u_rows], dim=1)
             row_counts = torch.cat([state["horizontal_counts"], row_counts], dim=1)
-            cross = torch.bmm(rows, flat.transpose(1, 2))  # (B, P+Q, Q)
-            top = torch.cat([state["horizontal_gram"], cross[:, :past].transpose(1, 2)], dim=1)
-            gram = torch.cat([top, cross], dim=2)
+            gram = grow_gram(state["horizontal_gram"], u_rows, q_rows)
+            q_t = torch.cat([state["horizontal_qt"], q_rows.transpose(1, 2)], dim=2)
         else:
-            gram = torch.bmm(rows, rows.transpose(1, 2))
-        if self.causal:
-            new_state.update(horizontal_rows=rows.view(bsz, -1, heads, k_len),
-                             horizontal_counts=row_counts, horizontal_gram=gram)
+            gram = factored_gram(u_rows, q_rows)
+            q_t = q_rows.transpose(1, 2)
+        if self.causal and query is not None and new_state is not None:
+            new_state.update(horizontal_gram=gram, horizontal_u=u_rows, horizontal_qt=q_t.contiguous(),
+                             horizontal_counts=row_counts)
         total = past + q_len
         m_pos = torch.arange(total, device=logits.device)
         n_pos = torch.arange(past, total, device=logits.device)
         rel = (n_pos.unsqueeze(0) - m_pos.unsqueeze(1)).clamp(-self.max_distance, self.max_distance)
-        init = self.horizontal_logits[rel + self.max_distance]  # (M, Q)
+        init = self.horizontal_logits.float()[rel + self.max_distance]  # (M, Q)
         # pad rows are no capsules: a -1e4 initial logit keeps their couplings at 0 in every iteration
         # (their agreement stays 0, their logits being 0) -- no mask to test for, no host sync
         empty = (row_counts == 0).to(logits.dtype) * _scalar(-1e4, logits)  # (B, M)
@@ -272,8 +324,20 @@ class CapsuleRouting(nn.Module):
             visible = m_pos.unsqueeze(1) <= n_pos.unsqueeze(0)  # (M, Q), broadcast over the batch
         size = self._size(counts.to(logits.dtype) * heads)  # (B, Q): entries of output capsule n
         weights, couplings = dynamic_routing(gram, init, self.iters, size, out_dim=-2, visible=visible)
-        omega = torch.bmm(weights.transpose(1, 2), rows)  # (B, Q, H·K)
-        return omega.view(bsz, q_len, heads, k_len), couplings
+        wt = weights.transpose(1, 2)  # (B, Q, M): Ω_n = Σ_m w_mn C_m
+        if query is None:
+            omega = torch.bmm(wt, q_rows)
+        elif not (self.causal and keys_are_rows):  # all rows see the same keys: Ω_h = (Wᵀ Q_h) K_hᵀ
+            wq = torch.bmm(wt, q_t.transpose(1, 2)).view(bsz, q_len, heads, -1).transpose(1, 2)
+            omega = torch.matmul(wq, key.transpose(2, 3)).transpose(1, 2)
+        elif not past:  # full causal self-attention pass: Ω_h = Wᵀ E_h
+            omega = torch.matmul(wt.unsqueeze(1), logits.transpose(1, 2)).transpose(1, 2)
+        else:  # decoding, row m sees keys <= m: Ω_h[n, k] = k_k · Σ_{m >= k} w_mn q_m (a suffix sum)
+            x = q_t.unsqueeze(2) * wt.unsqueeze(1)  # (B, D, Q, M), summed over rows m >= k
+            prefix = x.cumsum(-1)  # along the last dim: torch's fast scan
+            suffix = (prefix[..., -1:] - prefix + x).view(bsz, heads, -1, q_len, total)
+            omega = (suffix * key.transpose(2, 3).unsqueeze(3)).sum(2).transpose(1, 2)  # (B, Q, H, K)
+        return omega.reshape(bsz, q_len, heads, k_len), couplings
 
 
 class CapsuleMultiheadAttention(MultiheadAttention):
@@ -351,21 +415,23 @@ class CapsuleMultiheadAttention(MultiheadAttention):
         cap_state = None
         if incremental_state is not None and self.capsule.causal:
             cap_state = self.get_incremental_state(incremental_state, "capsule_state")
+        factors = dict(query=q.view(bsz, heads, tgt_len, hd), key=k.view(bsz, heads, src_len, hd),
+                       keys_are_rows=self.self_attention, capture=self.capture,
+                       keep_state=incremental_state is not None)
         if attn_mask is None and key_padding_mask is None:
             # nothing masked (beam-search steps, unpadded batches): no masks to build or apply
             counts = scores.new_full((bsz, tgt_len), src_len)
-            omega, new_state, info = self.capsule(scores.transpose(1, 2).contiguous(), counts, cap_state,
-                                                  capture=self.capture)
+            omega, new_state, info = self.capsule(scores.transpose(1, 2), counts, cap_state, **factors)
             logits = scores + omega.transpose(1, 2)
             key_visible = None
         else:
             logits, key_visible, new_state, info = self._route_masked(scores, attn_mask, key_padding_mask,
-                                                                     cap_state)
+                                                                     cap_state, factors)
         if incremental_state is not None and self.capsule.causal:
             self.set_incremental_state(incremental_state, "capsule_state", new_state)
         if self.capture:
-            visible = key_visible if key_visible is not None else torch.ones(
-                bsz, tgt_len, src_len, dtype=torch.bool, device=scores.device)
+            visible = torch.ones(bsz, tgt_len, src_len, dtype=torch.bool, device=scores.device)
+            visible = visible if key_visible is None else visible & key_visible
             self.last_capture = dict(info, logits_before=scores.detach(), logits_after=logits.detach(),
                                      visible=visible)
         logits = logits.view(bsz * heads, tgt_len, src_len)
@@ -382,25 +448,28 @@ class CapsuleMultiheadAttention(MultiheadAttention):
                 weights = weights.mean(dim=0)
         return attn, weights
 
-    def _route_masked(self, scores, attn_mask, key_padding_mask, cap_state):
+    def _route_masked(self, scores, attn_mask, key_padding_mask, cap_state, factors):
         """Routing with fairseq's masks: masked logits are neutralised (0) before routing and
-        re-masked (-inf) after ``Ω`` is added.  Returns ``(logits, key_visible, state, info)``."""
+        re-masked (-inf, as fairseq does) after ``Ω`` is added.  Masks stay broadcast shapes
+        (``(1, T, S)`` future mask, ``(B, 1, S)`` key padding) where they can.  Returns
+        ``(logits, key_visible, state, info)``, ``key_visible`` broadcastable to ``(B, T, S)``."""
         bsz, heads, tgt_len, src_len = scores.shape
-        # key_visible: what fairseq's masks let a query see; routed: logits that enter routing
-        key_visible = torch.ones(bsz, tgt_len, src_len, dtype=torch.bool, device=scores.device)
+        key_visible = None  # what fairseq's masks let a query see
         if attn_mask is not None:
-            key_visible = key_visible & torch.isfinite(attn_mask).unsqueeze(0)
+            key_visible = torch.isfinite(attn_mask).unsqueeze(0)
             scores = scores + torch.nan_to_num(attn_mask, neginf=0.0).to(scores.dtype)
-        routed = key_visible
+        routed = key_visible  # the logits that enter routing
         if key_padding_mask is not None:
             key_pad = key_padding_mask.to(torch.bool)
-            key_visible = key_visible & ~key_pad.unsqueeze(1)
+            keys = ~key_pad.unsqueeze(1)
+            key_visible = keys if key_visible is None else key_visible & keys
             routed = key_visible
             if self.self_attention:  # query rows are the last tgt_len keys: pad rows are no capsules
                 routed = key_visible & ~key_pad[:, -tgt_len:].unsqueeze(2)
-        neutral = scores.transpose(1, 2).masked_fill(~routed.unsqueeze(2), 0.0).contiguous()
-        omega, new_state, info = self.capsule(neutral, routed.sum(-1), cap_state, capture=self.capture)
-        logits = (scores + omega.transpose(1, 2)).masked_fill(~key_visible.unsqueeze(1), float("-inf"))
+        counts = routed.sum(-1).expand(bsz, tgt_len)
+        neutral = scores.transpose(1, 2).masked_fill(~routed.unsqueeze(2), 0.0)
+        omega, new_state, info = self.capsule(neutral, counts, cap_state, **factors)
+        logits = (scores + omega.transpose(1, 2)).masked_fill_(~key_visible.unsqueeze(1), float("-inf"))
         return logits, key_visible, new_state, info
 
     def reorder_incremental_state(self, incremental_state, new_order):

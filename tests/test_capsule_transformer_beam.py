@@ -1,0 +1,89 @@
+"""capsule_transformer in beam search (distinct beams, reorders, a shrinking batch) and without host syncs."""
+import pytest
+import torch
+from fairseq.data import data_utils
+
+from tests.helpers import beam
+from tests.helpers.host_sync import count_host_syncs
+from tests.helpers.models import build, prev_output, random_sentences
+from tests.test_capsule_transformer import ALL_MODULES, TINY
+from user_dir.modules.capsule_routing import CapsuleMultiheadAttention
+
+
+def _model(*extra):
+    return build("capsule_transformer", TINY + ALL_MODULES + list(extra), seed=0)
+
+
+def _rows(d, n=3, length=8):
+    """Sources of different lengths and distinct prefixes (one per sentence)."""
+    srcs = random_sentences(d, [5, 11, 3, 8][:n], seed=4)
+    prevs = [prev_output(t, d.eos()) for t in random_sentences(d, [length - 1] * n, seed=5)]
+    return srcs, prevs
+
+
+@pytest.mark.parametrize("left_pad_source", [True, False], ids=["left-pad", "right-pad"])
+@pytest.mark.parametrize("extra", [[], ["--capsule-routing", "horizontal", "--capsule-squash", "rms"]],
+                         ids=["both", "horizontal-rms"])
+def test_beam_reorder_distinct_rows(left_pad_source, extra):
+    model, d = _model(*extra)
+    srcs, prevs = _rows(d)
+    beam.assert_beam_reorder(model, srcs, prevs, d.pad(), left_pad_source=left_pad_source)
+
+
+@pytest.mark.parametrize("mode", ["noop", "shrink_only"])
+def test_beam_check_catches_a_broken_reorder(mode):
+    model, d = _model()
+    srcs, prevs = _rows(d)
+    with beam.broken_reorder(model, mode), pytest.raises(AssertionError, match="after reordering"):
+        beam.assert_beam_reorder(model, srcs, prevs, d.pad())
+
+
+def test_beam_check_catches_unreordered_routing_state(monkeypatch):
+    """Only the capsule routing state (kept Gram, row factors, vertical sums) left unreordered:
+    fairseq's keys and values are still reordered, so this fails on the routing state alone."""
+    model, d = _model()
+    srcs, prevs = _rows(d)
+
+    def keys_and_values_only(self, incremental_state, new_order):
+        return super(CapsuleMultiheadAttention, self).reorder_incremental_state(incremental_state, new_order)
+
+    monkeypatch.setattr(CapsuleMultiheadAttention, "reorder_incremental_state", keys_and_values_only)
+    with pytest.raises(AssertionError, match="after reordering"):
+        beam.assert_beam_reorder(model, srcs, prevs, d.pad())
+
+
+def test_sequence_generator_scores_equal_teacher_forced_forward():
+    model, d = _model()
+    sizes = beam.assert_generator_matches_forward(model, d, random_sentences(d, [4, 12, 7], seed=6), beam=4,
+                                                  max_len=14)
+    assert sizes, "beam search never reordered its state"
+    sizes = beam.assert_generator_matches_forward(model, d, random_sentences(d, [9, 2], seed=7), beam=5,
+                                                  max_len=10, left_pad_source=False)
+    assert sizes
+
+
+# ------------------------------------------------------------------ host syncs
+
+
+def test_no_host_sync_in_training_or_decoding():
+    model, d = _model()
+    srcs = random_sentences(d, [6, 3, 9], seed=9)
+    tgts = random_sentences(d, [4, 7, 2], seed=10)
+    tokens = data_utils.collate_tokens(srcs, d.pad(), left_pad=True)
+    lengths = torch.tensor([len(s) for s in srcs])
+    prev = data_utils.collate_tokens(tgts, d.pad(), d.eos(), move_eos_to_beginning=True)
+    model.train()
+    with count_host_syncs() as syncs:
+        model(tokens, lengths, prev)[0].sum().backward()
+    assert not syncs, f"training forward/backward syncs with the host: {list(syncs)}"
+    model.eval()
+    state = {}
+    with torch.no_grad(), count_host_syncs() as syncs:
+        enc = model.encoder(tokens, src_lengths=lengths)
+        for t in range(4):
+            if t:
+                order = torch.tensor([2, 0, 0])
+                model.decoder.reorder_incremental_state_scripting(state, order)
+                enc = model.encoder.reorder_encoder_out(enc, order)
+            model.decoder(prev[:, : t + 1], encoder_out=enc, incremental_state=state)
+    assert not syncs, f"incremental decoding syncs with the host: {list(syncs)}"
