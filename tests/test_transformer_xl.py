@@ -208,7 +208,7 @@ def test_cached_key_values_give_the_same_scores():
                     hid, mems, kv = model.decoder.extract_features(sample["net_input"]["src_tokens"], mems)
                 assert kv is None
                 recomputed.append(model.get_normalized_probs((hid.detach(), None), log_probs=True))
-        assert model.decoder._stream_mems["eval"]["kv"] is not None
+        assert model.decoder._stream_mems["eval"]["cache"] is not None
         flat = [lp for s in cached for _, lp in s]
         ref = []
         for b in range(2):
@@ -370,7 +370,7 @@ def test_training_attention_path_equals_the_fused_kernel(pre_norm):
     h, memory = torch.randn(3, 5, 16), torch.randn(3, 4, 16)
     r = RelativeSinusoid(16)(9)
     mask = attention_mask(5, 4, 4, same_length=True)
-    with_grad, _ = attn(h.requires_grad_(), r, mask, memory)
+    with_grad, _, _ = attn(h.requires_grad_(), r, mask, memory)
     with torch.no_grad():
-        fused, _ = attn(h, r, mask, memory)
+        fused, _, _ = attn(h, r, mask, memory)
     assert torch.allclose(with_grad, fused, atol=1e-5)
