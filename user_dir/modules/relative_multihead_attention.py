@@ -214,12 +214,13 @@ class RelativeMultiheadAttention(nn.Module):
         r_k = position_keys.view(K, H, D).permute(1, 2, 0)  # (H, D, K)
 
         # (b)+(d): (q + v) W_kR R, shifted so that column j holds distance i-j (rel_shift)
-        bd = shifted_position_scores(q + v.unsqueeze(1), r_k)  # (B, H, T, K), a strided view
-        if mask.dtype == torch.bool:
-            mask = additive_mask(mask, bd.dtype)
+        # (u and v are cast to the queries' dtype: under autocast the projections are bfloat16/float16)
+        bd = shifted_position_scores(q + v.to(q.dtype).unsqueeze(1), r_k.to(q.dtype))  # (B, H, T, K), a view
+        if mask.dtype != bd.dtype:
+            mask = additive_mask(mask, bd.dtype) if mask.dtype == torch.bool else mask.to(bd.dtype)
         bias = torch.add(mask, bd, alpha=self.scale)  # one pass: scale, mask, contiguous
         # (a)+(c): (q + u) k^T, plus the positional bias, scaled, softmax, dropatt
-        q_u = q + u.unsqueeze(1)
+        q_u = q + u.to(q.dtype).unsqueeze(1)
         if torch.is_grad_enabled() or self.training:  # (training: the same path when recomputed by
             attn = self._attend(q_u, k, val, bias)    # --checkpoint-activations, whose forward has no autograd)
         else:  # (evaluation without autograd: the fused kernel)
@@ -239,7 +240,11 @@ class RelativeMultiheadAttention(nn.Module):
         K = k.size(2)
         scores = bias.view(B * H, T, K).baddbmm_(q_u.reshape(B * H, T, D), k.reshape(B * H, K, D).transpose(1, 2),
                                                   alpha=self.scale)
-        probs = self.attn_dropout(torch.softmax(scores, dim=-1))
+        if scores.dtype == torch.float32:
+            probs = torch.softmax(scores, dim=-1)
+        else:  # (half precision: the softmax in float32)
+            probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(val.dtype)
+        probs = self.attn_dropout(probs)
         return torch.bmm(probs, val.reshape(B * H, K, D)).view(B, H, T, D)
 
 
