@@ -208,7 +208,7 @@ def test_cached_key_values_give_the_same_scores():
                     hid, mems, kv = model.decoder.extract_features(sample["net_input"]["src_tokens"], mems)
                 assert kv is None
                 recomputed.append(model.get_normalized_probs((hid.detach(), None), log_probs=True))
-        assert model.decoder._stream_mems["eval"]["kv"] is not None
+        assert model.decoder._stream_mems["eval"]["cache"] is not None
         flat = [lp for s in cached for _, lp in s]
         ref = []
         for b in range(2):
@@ -370,7 +370,48 @@ def test_training_attention_path_equals_the_fused_kernel(pre_norm):
     h, memory = torch.randn(3, 5, 16), torch.randn(3, 4, 16)
     r = RelativeSinusoid(16)(9)
     mask = attention_mask(5, 4, 4, same_length=True)
-    with_grad, _ = attn(h.requires_grad_(), r, mask, memory)
+    with_grad, _, _ = attn(h.requires_grad_(), r, mask, memory)
     with torch.no_grad():
-        fused, _ = attn(h, r, mask, memory)
+        fused, _, _ = attn(h, r, mask, memory)
     assert torch.allclose(with_grad, fused, atol=1e-5)
+
+
+# ------------------------------------------------------------------ beam search
+def _beam_model():
+    return _model("--mem-len", 32, "--cutoffs", "10,20", "--div-val", 2, "--init-std", 0.3,
+                  dictionary=toy_dictionary(36))
+
+
+def _distinct_prefixes(d, n=3, length=8):
+    return [prev_output(s, d.eos()) for s in random_sentences(d, [length - 1] * n, seed=11)]
+
+
+def test_beam_reorder_with_distinct_rows_and_a_shrinking_batch():
+    """Incremental decoding (memory and evaluation caches in the incremental state) with beam-search
+    reorders -- rows permuted, one duplicated, then the batch shrunk -- equals full forward passes."""
+    from tests.helpers.beam import assert_beam_reorder
+
+    model, d = _beam_model()
+    assert_beam_reorder(model, None, _distinct_prefixes(d), d.pad())
+
+
+@pytest.mark.parametrize("mode", ["noop", "shrink_only"])
+def test_beam_reorder_check_fails_when_reordering_is_broken(mode):
+    from tests.helpers.beam import assert_beam_reorder, broken_reorder
+
+    model, d = _beam_model()
+    with broken_reorder(model, mode), pytest.raises((AssertionError, RuntimeError)):
+        assert_beam_reorder(model, None, _distinct_prefixes(d), d.pad())
+
+
+def test_sequence_generator_scores_equal_teacher_forced_forward():
+    """fairseq's SequenceGenerator (beam 4) on prompts of different lengths (right-padded prefixes,
+    as fairseq forces them): every hypothesis' positional scores == a teacher-forced forward."""
+    from tests.helpers.beam import assert_generator_matches_forward
+
+    model, d = _beam_model()
+    prompts = random_sentences(d, [5, 2, 4], seed=12, bos_eos=False)
+    width = max(len(p) for p in prompts)
+    prefixes = [torch.cat([p, torch.full((width - len(p),), d.pad())]) for p in prompts]
+    sizes = assert_generator_matches_forward(model, d, beam=4, max_len=8, prefix_list=prefixes, atol=1e-5)
+    assert sizes  # (the generator reordered the incremental state)

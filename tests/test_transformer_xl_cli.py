@@ -92,3 +92,65 @@ def test_hydra_train_ptb_small_yaml(toy_lm_bin, tmp_path):
          "model.d_head=8", "model.d_inner=32", "model.mem_len=8", "optimization.max_update=3", "common.cpu=true",
          f"checkpoint.save_dir={tmp_path}", "dataset.num_workers=0", f"hydra.run.dir={tmp_path}/hydra"])
     assert os.path.exists(tmp_path / "checkpoint_last.pt")
+
+
+def test_hub_score_equals_the_teacher_forced_log_probs(trained):
+    """hub.score() with bptt_lm: the positional scores are the model's log-probs of the sentence
+    (and its </s>) after </s>."""
+    import torch
+
+    from user_dir.models.transformer_xl_lm import TransformerXLLanguageModel
+
+    data, ckpt = trained
+    hub = TransformerXLLanguageModel.from_pretrained(os.path.dirname(ckpt), checkpoint_file=os.path.basename(ckpt),
+                                                     data_name_or_path=data, cpu=True)
+    sentences = ["die kinder sagen", "einige maenner"]
+    scored = hub.score(sentences)
+    model, eos = hub.models[0], hub.task.dictionary.eos()
+    for sentence, hypo in zip(sentences, scored):
+        tokens = hub.encode(sentence)
+        assert tokens[-1] == eos and torch.equal(hypo["tokens"], tokens)
+        with torch.no_grad():
+            lp = model.get_normalized_probs(model(torch.cat([torch.tensor([eos]), tokens[:-1]])[None]), True)[0]
+        expected = lp.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+        assert torch.allclose(hypo["positional_scores"], expected, atol=1e-5)
+
+
+def _logged(text, pattern):
+    return [float(x) for x in re.findall(pattern, text)]
+
+
+def _train_run(data, save, *extra):
+    proc = fairseq("train", data, "--task", "bptt_lm", "--tokens-per-sample", 16, "--batch-size", 4,
+                   "--arch", "transformer_xl_lm", *TINY, "--mem-len", 16, "--cutoffs", "40", "--init-std", 0.5,
+                   "--criterion", "projected_adaptive_loss", "--optimizer", "adam", "--lr", "3e-3",
+                   "--max-update", 8, "--log-interval", 1, "--save-dir", save, "--no-epoch-checkpoints",
+                   *COMMON, *extra)
+    return proc.stdout + proc.stderr
+
+
+def test_logged_valid_loss_equals_fairseq_validate_and_validation_keeps_training_memory(toy_lm_bin, tmp_path):
+    """Validation at updates 4 and 8 (mid-epoch): (1) the valid loss fairseq-train logs at update 8 is
+    fairseq-validate's on the saved checkpoint (no evaluation cache survives the updates in between);
+    (2) the training losses are those of a run without validation (the training memory survives)."""
+    with_valid = _train_run(toy_lm_bin, tmp_path / "a", "--validate-interval-updates", 4)
+    without = _train_run(toy_lm_bin, tmp_path / "b", "--disable-validation")
+    train_pattern = r"epoch 001:\s+\d+ / \d+ loss=([\d.]+)"
+    losses = _logged(with_valid, train_pattern)
+    assert len(losses) == 8 and losses == _logged(without, train_pattern)
+    valid = _logged(with_valid, r"valid on 'valid' subset \| loss ([\d.]+)")
+    assert len(valid) == 2 and valid[0] != valid[1]
+    proc = fairseq("validate", toy_lm_bin, "--task", "bptt_lm", "--path", tmp_path / "a" / "checkpoint_last.pt",
+                   "--tokens-per-sample", 16, "--batch-size", 4, "--cpu", "--num-workers", 0)
+    assert _logged(proc.stdout + proc.stderr, r"valid on 'valid' subset \| loss ([\d.]+)") == valid[-1:]
+
+
+def test_memory_efficient_fp16_training_with_checkpoint_activations(toy_lm_bin, tmp_path):
+    """fairseq-train's mixed-precision path on CPU (--memory-efficient-fp16; --fp16-init-scale 1: an
+    overflow would call .cuda()), with --checkpoint-activations: finite losses."""
+    import math
+
+    text = _train_run(toy_lm_bin, tmp_path, "--memory-efficient-fp16", "--fp16-init-scale", 1,
+                      "--checkpoint-activations", "--disable-validation")
+    losses = _logged(text, r"epoch 001:\s+\d+ / \d+ loss=([\d.a-z]+)")
+    assert len(losses) == 8 and all(math.isfinite(x) for x in losses), losses

@@ -35,7 +35,7 @@ mkdir -p "$WORK"
 
 COMMON=(--optimizer adam --adam-betas "(0.9,0.999)" --lr "$LR" --lr-scheduler cosine --warmup-updates "$WARMUP"
         --warmup-init-lr 1e-7 --min-lr 0 --clip-norm 0.25 --max-update "$MAX_UPDATE" --batch-size 16
-        --tokens-per-sample 70 --criterion cross_entropy --seed 1 --cpu --num-workers 0 --no-progress-bar
+        --tokens-per-sample 70 --criterion projected_adaptive_loss --seed 1 --cpu --num-workers 0 --no-progress-bar
         --log-format simple --log-interval 50 --no-epoch-checkpoints --disable-validation --user-dir user_dir)
 TXL=(--task bptt_lm --arch transformer_xl_lm_ptb_small --dropout "$DROPOUT" $TXL_ARGS)
 

@@ -43,6 +43,7 @@ import torch
 from torch import nn
 
 from fairseq.dataclass import ChoiceEnum, FairseqDataclass
+from fairseq.modules.checkpoint_activations import checkpoint_wrapper
 from fairseq.models import (FairseqIncrementalDecoder, FairseqLanguageModel, register_model,
                             register_model_architecture)
 
@@ -80,6 +81,8 @@ class TransformerXLConfig(FairseqDataclass):
     init_std: float = field(default=0.02, metadata={"help": "std of the normal init of weights"})
     proj_init_std: float = field(default=0.01, metadata={"help": "std of the normal init of projections"})
     layer_norm_eps: float = field(default=1e-5, metadata={"help": "LayerNorm epsilon"})
+    checkpoint_activations: bool = field(default=False, metadata={
+        "help": "recompute each layer's activations in the backward pass instead of storing them"})
     max_target_positions: int = field(default=100000, metadata={
         "help": "longest sequence generation may produce (the memory makes the model length-free)"})
 
@@ -107,10 +110,16 @@ class TransformerXLLanguageModel(FairseqLanguageModel):
                 f"dictionary mismatch: the checkpoint was trained with a vocabulary of {int(saved)} symbols, "
                 f"but {self.decoder.dict_path} has {len(self.decoder.dictionary)}; use the dictionary the "
                 f"model was trained with")
+        self.decoder.drop_caches()
         return super().load_state_dict(state_dict, strict=strict, model_cfg=model_cfg, args=args)
 
-    def reset_memory(self):
-        self.decoder.reset_memory()
+    def get_target_nll(self, net_output, target):
+        """Negative log-likelihood (float32) of ``target`` without the full-vocabulary log-probs
+        (the training loss of ``--criterion projected_adaptive_loss``)."""
+        return self.decoder.softmax.nll(net_output[0], target)
+
+    def reset_memory(self, slot=None):
+        self.decoder.reset_memory(slot)
 
 
 class TransformerXLDecoder(FairseqIncrementalDecoder):
@@ -147,6 +156,9 @@ class TransformerXLDecoder(FairseqIncrementalDecoder):
                                cfg.pre_lnorm, cfg.layer_norm_eps, own_biases=cfg.untie_r)
             for _ in range(cfg.n_layer)
         ])
+        if cfg.checkpoint_activations:
+            for layer in self.layers:
+                checkpoint_wrapper(layer)
         self._stream_mems: Dict[str, Optional[List[torch.Tensor]]] = {}
         self.reset_parameters()
 
@@ -174,9 +186,12 @@ class TransformerXLDecoder(FairseqIncrementalDecoder):
                 nn.init.normal_(emb.weight, 0.0, std)
 
     # ------------------------------------------------------------------ memory
-    def reset_memory(self):
-        """Forgets the stream memory (training and evaluation slots)."""
-        self._stream_mems = {}
+    def reset_memory(self, slot=None):
+        """Forgets the stream memory of ``slot`` ("train" or "eval"), or of both (``None``)."""
+        if slot is None:
+            self._stream_mems = {}
+        else:
+            self._stream_mems.pop(slot, None)
 
     def update_memory(self, hids, mems):
         """``_update_mems``: keep the last ``mem_len`` inputs of every layer, detached."""
@@ -189,24 +204,28 @@ class TransformerXLDecoder(FairseqIncrementalDecoder):
                 out.append(cat[:, -self.mem_len:].detach())
         return out
 
-    def _kv_version(self):
-        """Changes whenever a weight that the cached key/value projections depend on changes."""
-        return tuple((layer.attn.qkv_net.weight._version, layer.attn.qkv_net.weight.data_ptr(),
-                      layer.attn.layer_norm.weight._version, layer.attn.layer_norm.bias._version)
-                     for layer in self.layers)
-
     def _caching(self):
         return not self.training and not torch.is_grad_enabled() and self.mem_len > 0
 
+    def drop_caches(self):
+        """Drops the evaluation caches (the memory's key/values and ``W_kR R``, computed with the
+        weights of their pass); the memory itself stays."""
+        for state in getattr(self, "_stream_mems", {}).values():
+            if state is not None:
+                state["cache"] = None
+
+    def train(self, mode=True):
+        self.drop_caches()  # fairseq's trainer calls train() before every update
+        return super().train(mode)
+
     def _stream_memory(self, stream_pos, bsz):
         slot = "train" if self.training else "eval"
-        if int(stream_pos) == 0:
+        if stream_pos == 0:
             self._stream_mems[slot] = None
         state = self._stream_mems.get(slot)
         if state is None or state["mems"][0].size(0) != bsz:
             return slot, None, None  # a new (or a different set of) streams: start afresh
-        kv = state.get("kv") if state.get("kv_version") == self._kv_version() and self._caching() else None
-        return slot, state["mems"], kv
+        return slot, state["mems"], state["cache"] if self._caching() else None
 
     # ----------------------------------------------------------------- forward
     def forward(self, src_tokens, src_lengths=None, incremental_state=None, encoder_out=None,
@@ -216,27 +235,29 @@ class TransformerXLDecoder(FairseqIncrementalDecoder):
         ``net_output[0]`` are the final hidden states: the adaptive softmax
         turns them into log-probabilities in :meth:`get_normalized_probs`.
         ``mems`` may be given explicitly (a list of (B, M, C) tensors)."""
-        slot, kv = None, None
+        slot, cache = None, None
         if incremental_state is not None:
             mems = self.get_incremental_state(incremental_state, "mems")
-            kv = self.get_incremental_state(incremental_state, "kv") if self._caching() else None
+            cache = self.get_incremental_state(incremental_state, "cache") if self._caching() else None
             src_tokens = src_tokens[:, -1:]
         elif stream_pos is not None:
-            slot, mems, kv = self._stream_memory(stream_pos, src_tokens.size(0))
-        hidden, new_mems, new_kv = self.extract_features(src_tokens, mems, kv)
+            slot, mems, cache = self._stream_memory(stream_pos, src_tokens.size(0))
+        if not self._caching():
+            self.drop_caches()  # a forward that may precede an update: no cache outlives it
+        hidden, new_mems, new_cache = self.extract_features(src_tokens, mems, cache)
         if incremental_state is not None:
             self.set_incremental_state(incremental_state, "mems", new_mems)
-            self.set_incremental_state(incremental_state, "kv", new_kv)
+            self.set_incremental_state(incremental_state, "cache", new_cache)
         elif slot is not None and new_mems is not None:
-            self._stream_mems[slot] = {"mems": new_mems, "kv": new_kv, "kv_version": self._kv_version()}
+            self._stream_mems[slot] = {"mems": new_mems, "cache": new_cache}
         return hidden, {"mems": new_mems, "attn": [None]}
 
-    def extract_features(self, tokens, mems=None, kv=None):
+    def extract_features(self, tokens, mems=None, cache=None):
         """``MemTransformerLM._forward`` + ``_update_mems`` for one segment.
 
-        ``kv``: cached key/value projections of ``mems`` (evaluation only: same
-        results, without recomputing them).  Returns the last hidden states,
-        the new memory and (when caching) the new key/value cache."""
+        ``cache``: per layer, the key/value projections of ``mems`` and ``W_kR R`` from the
+        previous segment of the same evaluation pass (same results, without recomputing them).
+        Returns the last hidden states, the new memory and (when caching) the new cache."""
         if mems is not None and len(mems) == 0:
             mems = None
         bsz, qlen = tokens.shape
@@ -245,17 +266,17 @@ class TransformerXLDecoder(FairseqIncrementalDecoder):
         emb = self.embed(tokens)
         mask = additive_mask(attention_mask(qlen, mlen, self.mem_len, self.same_length, device=tokens.device),
                              emb.dtype)
-        r = self.dropout(self.pos(klen, self.clamp_len, dtype=emb.dtype))
+        r = self.dropout(self.pos(klen, self.clamp_len, dtype=emb.dtype, device=tokens.device))
         h = self.dropout(emb)
-        hids, kvs = [], []
+        hids, new_cache = [], []
         for i, layer in enumerate(self.layers):
             hids.append(h)
-            h, kv_i = layer(h, r, mask, None if mems is None else mems[i], self.r_w_bias, self.r_r_bias,
-                            memory_kv=None if kv is None else kv[i])
-            kvs.append(kv_i)
+            kv_i, r_k_i = (None, None) if cache is None else cache[i]
+            h, kv_i, r_k_i = layer(h, r, mask, None if mems is None else mems[i], self.r_w_bias, self.r_r_bias,
+                                   kv_i, r_k_i)
+            new_cache.append((kv_i[:, -self.mem_len:], r_k_i) if kv_i is not None else None)
         h = self.dropout(h)
-        new_kv = [k[:, -self.mem_len:] for k in kvs] if self._caching() else None
-        return h, self.update_memory(hids, mems), new_kv
+        return h, self.update_memory(hids, mems), new_cache if self._caching() else None
 
     def output_layer(self, features, **kwargs):
         return features
@@ -268,10 +289,13 @@ class TransformerXLDecoder(FairseqIncrementalDecoder):
         return self.cfg.max_target_positions
 
     def reorder_incremental_state(self, incremental_state, new_order):
-        for key in ("mems", "kv"):
-            state = self.get_incremental_state(incremental_state, key)
-            if state is not None:
-                self.set_incremental_state(incremental_state, key, [m.index_select(0, new_order) for m in state])
+        mems = self.get_incremental_state(incremental_state, "mems")
+        if mems is not None:
+            self.set_incremental_state(incremental_state, "mems", [m.index_select(0, new_order) for m in mems])
+        cache = self.get_incremental_state(incremental_state, "cache")
+        if cache is not None:  # W_kR R does not depend on the batch
+            self.set_incremental_state(incremental_state, "cache",
+                                       [(kv.index_select(0, new_order), r_k) for kv, r_k in cache])
 
 
 def _preset(name, **values):

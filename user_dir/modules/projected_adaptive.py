@@ -71,14 +71,17 @@ class AdaptiveEmbedding(nn.Module):
             if len(self.emb_projs) > 0:
                 emb = F.linear(emb, self.emb_projs[0])
             return emb * self.emb_scale
+        # div_val > 1: every band looks up every token (indices clamped into the band, rows of the
+        # other bands zeroed), the bands' (N, d_i) vectors side by side, then one projection by the
+        # bands' projections side by side.  Same sums as projecting each band's tokens apart, with
+        # no data-dependent shapes (no ``nonzero``, no host sync) and no (N, d_proj) tensor per band.
         flat = tokens.reshape(-1)
-        out = self.emb_projs[0].new_zeros(flat.size(0), self.d_proj)
+        parts = []
         for i, (lo, hi) in enumerate(zip(self.edges[:-1], self.edges[1:])):
-            idx = ((flat >= lo) & (flat < hi)).nonzero().squeeze(1)
-            if idx.numel() == 0:
-                continue
-            emb_i = F.linear(self.emb_layers[i](flat[idx] - lo), self.emb_projs[i])
-            out = out.index_copy(0, idx, emb_i)
+            outside = (flat < lo) | (flat >= hi)
+            emb_i = self.emb_layers[i]((flat - lo).clamp(0, hi - lo - 1))
+            parts.append(emb_i.masked_fill(outside.unsqueeze(1), 0.0))
+        out = F.linear(torch.cat(parts, dim=1), torch.cat(list(self.emb_projs), dim=1))
         return (out * self.emb_scale).view(*tokens.shape, self.d_proj)
 
 
@@ -229,11 +232,13 @@ class ProjectedAdaptiveLogSoftmax(nn.Module):
         return state
 
     def _log_softmax(self, hidden, weight, bias, proj):
-        """Log-softmax of one band's logits ``(hidden proj) W^T + b`` (see :class:`LinearLogSoftmax`)."""
+        """Log-softmax of one band's logits ``(hidden proj) W^T + b``, in float32 whatever the
+        model's dtype (as fairseq's ``utils.log_softmax``); float32 on CPU without autocast goes
+        through :class:`LinearLogSoftmax`."""
         if proj is not None:
             hidden = F.linear(hidden, proj.t())
-        if hidden.device.type != "cpu" or torch.is_autocast_enabled("cpu"):
-            return F.log_softmax(F.linear(hidden, weight, bias), dim=-1)
+        if hidden.device.type != "cpu" or hidden.dtype != torch.float32 or torch.is_autocast_enabled("cpu"):
+            return F.log_softmax(F.linear(hidden, weight, bias), dim=-1, dtype=torch.float32)
         if "_out_pool" not in self.__dict__:
             self._out_pool = BufferPool()
         return LinearLogSoftmax.apply(hidden, weight, bias, self._out_pool)
@@ -252,27 +257,30 @@ class ProjectedAdaptiveLogSoftmax(nn.Module):
         return torch.cat(parts, dim=1).view(*shape, self.n_token)
 
     def nll(self, hidden, target):
-        """Negative log-likelihood of ``target`` (same leading shape as ``hidden``), computing
-        each tail cluster only for the positions whose target falls in it (as the reference)."""
+        """Negative log-likelihood (float32) of ``target`` (same leading shape as ``hidden``).
+
+        The training loss: only the head band is computed for every position, each tail
+        cluster only for the positions whose target falls in it (as the reference), so
+        no (N, V) tensor is built.  Equal to ``-log_prob(hidden).gather(target)`` (tested).
+        Selecting the positions of a cluster reads their count back to the host (a data-dependent
+        shape); this runs in the criterion, not in the model's forward."""
         shape = target.shape
         hidden = hidden.reshape(-1, hidden.size(-1))
         target = target.reshape(-1)
         head = self._log_softmax(hidden, *self._band(0))
         if self.n_clusters == 0:
             return -head.gather(1, target.unsqueeze(1)).view(shape)
-        out = hidden.new_zeros(target.size(0))
-        for i, (lo, hi) in enumerate(zip(self.edges[:-1], self.edges[1:])):
+        in_head = target < self.edges[1]
+        lp = head.gather(1, target.clamp(max=self.edges[1] - 1).unsqueeze(1)).squeeze(1).masked_fill(~in_head, 0.0)
+        for i in range(1, self.n_clusters + 1):
+            lo, hi = self.edges[i], self.edges[i + 1]
             idx = ((target >= lo) & (target < hi)).nonzero().squeeze(1)
             if idx.numel() == 0:
                 continue
-            t = (target[idx] - lo).unsqueeze(1)
-            if i == 0:
-                lp = head[idx].gather(1, t).squeeze(1)
-            else:
-                tail = self._log_softmax(hidden[idx], *self._band(i))
-                lp = head[idx, -i] + tail.gather(1, t).squeeze(1)
-            out = out.index_copy(0, idx, -lp)
-        return out.view(shape)
+            tail = self._log_softmax(hidden[idx], *self._band(i))
+            lp_i = head[idx, -i] + tail.gather(1, (target[idx] - lo).unsqueeze(1)).squeeze(1)
+            lp = lp.index_add(0, idx, lp_i)
+        return -lp.view(shape)
 
 
 def hf_cluster_rows(cluster: torch.Tensor) -> torch.Tensor:

@@ -56,31 +56,34 @@ class RelativeSinusoid(nn.Module):
 
     Like the reference: the frequencies are ``1/10000^(2k/d)`` and the
     encoding is the concatenation ``[sin | cos]`` (not interleaved).
-    Distances larger than ``clamp_len`` (when > 0) are clamped.
+    Distances larger than ``clamp_len`` (when > 0) are clamped.  The
+    frequencies and angles are always float32 (not a buffer that
+    ``model.half()`` would cast: in bfloat16 a distance of 700 is off by up
+    to 1.2), ``R`` is cast to ``dtype`` at the end.  ``R`` has no parameters,
+    so in evaluation it is kept per (length, clamp, dtype, device).
     """
 
     def __init__(self, dim):
         super().__init__()
         self.dim = dim
-        inv_freq = 1.0 / (10000 ** (torch.arange(0.0, dim, 2.0) / dim))
-        self.register_buffer("inv_freq", inv_freq, persistent=False)
 
-    def forward(self, klen: int, clamp_len: int = -1, dtype=None):
+    def forward(self, klen: int, clamp_len: int = -1, dtype=None, device=None):
         if self.training:
-            return self._compute(klen, clamp_len, dtype)
-        key = (klen, clamp_len, dtype, self.inv_freq.device)
+            return self._compute(klen, clamp_len, dtype, device)
+        key = (klen, clamp_len, dtype, device)
         cache = self.__dict__.setdefault("_cache", {})
-        if key not in cache:  # evaluation: the same R object for the same lengths (see _position_keys)
+        if key not in cache:
             if len(cache) >= 8:
                 cache.clear()
-            cache[key] = self._compute(klen, clamp_len, dtype)
+            cache[key] = self._compute(klen, clamp_len, dtype, device)
         return cache[key]
 
-    def _compute(self, klen, clamp_len, dtype):
-        pos_seq = torch.arange(klen - 1, -1, -1.0, device=self.inv_freq.device)
+    def _compute(self, klen, clamp_len, dtype, device):
+        inv_freq = 1.0 / (10000 ** (torch.arange(0.0, self.dim, 2.0, device=device) / self.dim))
+        pos_seq = torch.arange(klen - 1, -1, -1.0, device=device)
         if clamp_len > 0:
             pos_seq = pos_seq.clamp(max=clamp_len)
-        angles = torch.outer(pos_seq, self.inv_freq)
+        angles = torch.outer(pos_seq, inv_freq)
         out = torch.cat([angles.sin(), angles.cos()], dim=-1)
         return out if dtype is None else out.to(dtype)
 
@@ -174,14 +177,14 @@ class RelativeMultiheadAttention(nn.Module):
 
     def forward(self, h, r, mask, memory: Optional[torch.Tensor] = None,
                 r_w_bias: Optional[torch.Tensor] = None, r_r_bias: Optional[torch.Tensor] = None,
-                memory_kv: Optional[torch.Tensor] = None):
+                memory_kv: Optional[torch.Tensor] = None, position_keys: Optional[torch.Tensor] = None):
         """``h``: (B, T, C) segment; ``r``: (K, C) relative encodings for the
         ``K = M + T`` keys; ``mask``: (T, K), bool (True: hidden) or additive; ``memory``: (B, M, C) or None.
 
-        ``memory_kv`` (B, M, 2·H·D): the key/value projections of ``memory``
-        from an earlier call with the same weights (evaluation/generation
-        only); they are then not recomputed.  Returns the output (B, T, C)
-        and the key/value projections of memory + segment (B, K, 2·H·D)."""
+        ``memory_kv`` (B, M, 2·H·D) and ``position_keys`` (K, H·D): the key/value projections of
+        ``memory`` and ``W_kR R`` from an earlier call of the same pass (evaluation/generation
+        only, see ``TransformerXLDecoder``); they are then not recomputed.  Returns the output
+        (B, T, C), the key/value projections of memory + segment (B, K, 2·H·D) and ``W_kR R``."""
         u = self.r_w_bias if self.r_w_bias is not None else r_w_bias
         v = self.r_r_bias if self.r_r_bias is not None else r_r_bias
         B, T, _ = h.shape
@@ -206,23 +209,25 @@ class RelativeMultiheadAttention(nn.Module):
             kv_flat = torch.cat([kv_mem, kv_new], dim=1)
         kv = kv_flat.view(B, K, 2, H, D)
         k, val = (x.transpose(1, 2) for x in kv.unbind(2))  # (unbind: its backward is one stack, no zero fill)
-        r_k = self._position_keys(r).view(K, H, D).permute(1, 2, 0)  # (H, D, K)
+        if position_keys is None or position_keys.size(0) != K:
+            position_keys = self.r_net(r)  # W_kR R
+        r_k = position_keys.view(K, H, D).permute(1, 2, 0)  # (H, D, K)
 
         # (b)+(d): (q + v) W_kR R, shifted so that column j holds distance i-j (rel_shift)
-        bd = shifted_position_scores(q + v.unsqueeze(1), r_k)  # (B, H, T, K), a strided view
-        if mask.dtype == torch.bool:
-            mask = additive_mask(mask, bd.dtype)
+        # (u and v are cast to the queries' dtype: under autocast the projections are bfloat16/float16)
+        bd = shifted_position_scores(q + v.to(q.dtype).unsqueeze(1), r_k.to(q.dtype))  # (B, H, T, K), a view
+        if mask.dtype != bd.dtype:
+            mask = additive_mask(mask, bd.dtype) if mask.dtype == torch.bool else mask.to(bd.dtype)
         bias = torch.add(mask, bd, alpha=self.scale)  # one pass: scale, mask, contiguous
         # (a)+(c): (q + u) k^T, plus the positional bias, scaled, softmax, dropatt
-        q_u = q + u.unsqueeze(1)
-        if torch.is_grad_enabled():
-            attn = self._attend(q_u, k, val, bias)
-        else:  # (no autograd: the fused kernel)
-            attn = F.scaled_dot_product_attention(q_u, k, val, attn_mask=bias, scale=self.scale,
-                                                  dropout_p=self.attention_dropout if self.training else 0.0)
+        q_u = q + u.to(q.dtype).unsqueeze(1)
+        if torch.is_grad_enabled() or self.training:  # (training: the same path when recomputed by
+            attn = self._attend(q_u, k, val, bias)    # --checkpoint-activations, whose forward has no autograd)
+        else:  # (evaluation without autograd: the fused kernel)
+            attn = F.scaled_dot_product_attention(q_u, k, val, attn_mask=bias, scale=self.scale)
         out = self.o_net(attn.transpose(1, 2).reshape(B, T, H * D))
         out = self.dropout(out)
-        return (h + out if self.pre_norm else self.layer_norm(h + out)), kv_flat
+        return (h + out if self.pre_norm else self.layer_norm(h + out)), kv_flat, position_keys
 
     def _attend(self, q_u, k, val, bias):
         """``softmax(scale·(q_u k^T) + bias) val`` with dropatt: what ``scaled_dot_product_attention``
@@ -235,18 +240,12 @@ class RelativeMultiheadAttention(nn.Module):
         K = k.size(2)
         scores = bias.view(B * H, T, K).baddbmm_(q_u.reshape(B * H, T, D), k.reshape(B * H, K, D).transpose(1, 2),
                                                   alpha=self.scale)
-        probs = self.attn_dropout(torch.softmax(scores, dim=-1))
+        if scores.dtype == torch.float32:
+            probs = torch.softmax(scores, dim=-1)
+        else:  # (half precision: the softmax in float32)
+            probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(val.dtype)
+        probs = self.attn_dropout(probs)
         return torch.bmm(probs, val.reshape(B * H, K, D)).view(B, H, T, D)
-
-    def _position_keys(self, r):
-        """``W_kR R``; in evaluation the result is reused while ``R`` and the weights stay the same."""
-        if self.training or torch.is_grad_enabled():
-            return self.r_net(r)
-        version = (self.r_net.weight._version, self.r_net.weight.data_ptr())
-        cached = getattr(self, "_r_cache", None)  # (r, weight version, W_kR R); holding r keeps it unique
-        if cached is None or cached[0] is not r or cached[1] != version:
-            self._r_cache = cached = (r, version, self.r_net(r))
-        return cached[2]
 
 
 class PositionwiseFF(nn.Module):
@@ -276,7 +275,10 @@ class TransformerXLLayer(nn.Module):
                                                pre_norm, layer_norm_eps, own_biases)
         self.ff = PositionwiseFF(embed_dim, ffn_dim, dropout, pre_norm, layer_norm_eps)
 
-    def forward(self, h, r, mask, memory=None, r_w_bias=None, r_r_bias=None, memory_kv=None):
-        """Returns the layer output and the attention's key/value projections of memory + segment."""
-        out, kv = self.attn(h, r, mask, memory, r_w_bias, r_r_bias, memory_kv)
-        return self.ff(out), kv
+    def forward(self, h, r, mask, memory=None, r_w_bias=None, r_r_bias=None, memory_kv=None, position_keys=None):
+        """Returns the layer output and the attention's key/value projections of memory + segment
+        and ``W_kR R`` (see :meth:`RelativeMultiheadAttention.forward`)."""
+        out, kv, position_keys = self.attn(h, r, mask, memory, r_w_bias, r_r_bias, memory_kv, position_keys)
+        if self.training:  # (only evaluation reuses them; no extra outputs for --checkpoint-activations)
+            return self.ff(out), None, None
+        return self.ff(out), kv, position_keys

@@ -19,7 +19,9 @@ The training recipe of Transformer-XL (official ``data_utils.py``,
 * Each batch carries ``net_input["stream_pos"] = i``: a model with memory
   (``transformer_xl_lm``) starts without memory at 0 -- the start of every
   epoch and of every evaluation pass -- and continues from its memory
-  afterwards.  ``begin_epoch``/``begin_valid_epoch`` also reset it.  A model
+  afterwards.  ``begin_epoch`` also resets it, ``begin_valid_epoch`` resets the evaluation
+  memory only (the model keeps separate training and evaluation memories, so a validation
+  in the middle of an epoch does not disturb training).  A model
   without memory ignores the key (it must accept ``**kwargs``).
 
 ``fairseq-eval-lm --task bptt_lm --tokens-per-sample 64 --batch-size 1
@@ -128,15 +130,20 @@ class StreamDataset(FairseqDataset):
 
 
 class PromptDataset(FairseqDataset):
-    """Prompts for generation (hub ``sample()``, ``fairseq-interactive``), right-padded, without the final ``</s>``."""
+    """Sentences for generation and scoring (hub ``sample()``/``score()``, ``fairseq-interactive``).
+
+    As ``language_modeling``'s: the source is ``</s>`` + the sentence (without a final ``</s>``),
+    the target the sentence + ``</s>``, both right-padded; generation forces the source
+    (after its ``</s>``) as a prefix, scoring (``SequenceScorer``) scores the target."""
 
     def __init__(self, prompts, pad, eos):
-        self.prompts = [p[:-1] if len(p) > 1 and p[-1] == eos else p for p in prompts]
-        self.sizes = np.array([len(p) for p in self.prompts])
-        self.pad = pad
+        self.prompts = [p[:-1] if len(p) > 0 and p[-1] == eos else p for p in prompts]
+        self.sizes = np.array([len(p) + 1 for p in self.prompts])
+        self.pad, self.eos = pad, eos
 
     def __getitem__(self, i):
-        return {"id": i, "source": self.prompts[i]}
+        p, eos = self.prompts[i], torch.tensor([self.eos], dtype=torch.long)
+        return {"id": i, "source": torch.cat([eos, p.long()]), "target": torch.cat([p.long(), eos])}
 
     def __len__(self):
         return len(self.prompts)
@@ -145,9 +152,10 @@ class PromptDataset(FairseqDataset):
         if not samples:
             return {}
         src = data_utils.collate_tokens([s["source"] for s in samples], self.pad, left_pad=False)
+        tgt = data_utils.collate_tokens([s["target"] for s in samples], self.pad, left_pad=False)
         return {"id": torch.tensor([s["id"] for s in samples]), "nsentences": len(samples),
-                "ntokens": int(src.ne(self.pad).sum()),
-                "net_input": {"src_tokens": src, "src_lengths": src.ne(self.pad).sum(1)}, "target": None}
+                "ntokens": int(tgt.ne(self.pad).sum()),
+                "net_input": {"src_tokens": src, "src_lengths": src.ne(self.pad).sum(1)}, "target": tgt}
 
     def num_tokens(self, index):
         return int(self.sizes[index])
@@ -229,16 +237,16 @@ class BPTTLanguageModelingTask(FairseqTask):
         return self.get_batch_iterator(dataset, num_shards=num_shards, shard_id=shard_id, num_workers=num_workers,
                                        data_buffer_size=data_buffer_size).next_epoch_itr(shuffle=False)
 
-    def _reset_memory(self, model):
+    def _reset_memory(self, model, slot=None):
         inner = getattr(model, "module", model)  # unwrap DDP
         if hasattr(inner, "reset_memory"):
-            inner.reset_memory()
+            inner.reset_memory(slot)
 
     def begin_epoch(self, epoch, model):
         self._reset_memory(model)
 
     def begin_valid_epoch(self, epoch, model):
-        self._reset_memory(model)
+        self._reset_memory(model, "eval")  # (the training memory stays: validation may come mid-epoch)
 
     # ------------------------------------------------------------ generation
     def build_dataset_for_inference(self, src_tokens, src_lengths, **kwargs):
@@ -251,8 +259,9 @@ class BPTTLanguageModelingTask(FairseqTask):
         with torch.no_grad():
             if constraints is not None:
                 raise NotImplementedError("bptt_lm does not support constrained generation")
-            if prefix_tokens is None and sample["net_input"]["src_tokens"].nelement():
-                prefix_tokens = sample["net_input"]["src_tokens"]
+            prompt = sample["net_input"]["src_tokens"][:, 1:]  # (after the </s> of PromptDataset)
+            if prefix_tokens is None and prompt.nelement():
+                prefix_tokens = prompt
             max_len_a = getattr(generator, "max_len_a", None)
             if max_len_a is not None and max_len_a < 1:
                 generator.max_len_a = 1
