@@ -26,9 +26,10 @@ CASES = {
     # div_val 1 with projections (d_embed != d_model), per-layer u/v, tied weights, safetensors
     "div_val1": dict(div_val=1, d_embed=12, untie_r=True, proj_share_all_but_first=True, mem_len=9,
                      clamp_len=5, same_length=True, pre_lnorm=False, tie_word_embeddings=True, safe=True),
-    # div_val 2, shared u/v, untied projections and output weights, pre-norm, pytorch_model.bin
+    # div_val 2, shared u/v, untied projections and output weights, pre-norm, pytorch_model.bin, lower-case
     "div_val2": dict(div_val=2, d_embed=16, untie_r=False, proj_share_all_but_first=False, mem_len=6,
-                     clamp_len=-1, same_length=False, pre_lnorm=True, tie_word_embeddings=False, safe=False),
+                     clamp_len=-1, same_length=False, pre_lnorm=True, tie_word_embeddings=False, safe=False,
+                     lower_case=True),
 }
 CUTOFFS = [8, 20]
 
@@ -57,6 +58,7 @@ def corpus(tmp_path_factory):
     train = _lines(rng, 300, words, weights) + [" ".join(words)]
     test = _lines(rng, 30, words, weights)
     test[3] += " never-seen-word"
+    test[5] += " W1 W2"  # <unk> for a case-sensitive vocabulary, w1 w2 for a lower-case one
     path = tmp_path_factory.mktemp("text") / "test.txt"
     path.write_text("\n".join(test) + "\n", encoding="utf-8")
     return train, test, str(path)
@@ -67,7 +69,7 @@ def _save_hf(directory, train_lines, opts):
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        tok = TransfoXLTokenizer(special=["<eos>"], lower_case=False)
+        tok = TransfoXLTokenizer(special=["<eos>"], lower_case=opts.get("lower_case", False))
         tok.count_sents([line.split() + ["<eos>"] for line in train_lines])
         tok.build_vocab()
         config = TransfoXLConfig(
@@ -93,13 +95,17 @@ def converted(request, corpus, tmp_path_factory):
     opts = CASES[request.param]
     hf_dir, out_dir = tmp_path_factory.mktemp("hf"), tmp_path_factory.mktemp("fairseq")
     hf, tok = _save_hf(hf_dir, train, opts)
-    script(SCRIPT, hf_dir, out_dir, "--testpref", test_path)
-    return hf, tok, str(out_dir), test
+    proc = script(SCRIPT, hf_dir, out_dir, "--testpref", test_path, "--validpref", test_path,
+                  "--trainpref", test_path)
+    flags = re.search(r"--finetune-from-model \S+ (.*) \.\.\.$", proc.stdout.strip()).group(1).split()
+    return hf, tok, str(out_dir), test, flags
 
 
 def _hf_ids(tok, lines):
-    """The reference corpus encoding: whitespace split, ``<eos>`` after every line, OOV → ``<unk>``."""
+    """The reference corpus encoding: (lower-cased if the tokenizer is), whitespace split, ``<eos>`` after
+    every line, OOV → ``<unk>``."""
     unk = tok.sym2idx["<unk>"]
+    lines = [line.lower() for line in lines] if tok.lower_case else lines
     ids = [tok.sym2idx.get(w, unk) for line in lines for w in line.split() + ["<eos>"]]
     return torch.tensor(ids)
 
@@ -138,7 +144,7 @@ def _word_probs(text):
 def test_eval_lm_scores_every_token_as_huggingface(converted):
     """Through the real CLIs: the converted checkpoint and the binarized text in fairseq-eval-lm give
     HF's log-probability for every test token (same segments, same memory, same eval options)."""
-    hf, tok, out_dir, test = converted
+    hf, tok, out_dir, test, _ = converted
     stream = torch.cat([torch.tensor([tok.sym2idx["<eos>"]]), _hf_ids(tok, test)])  # bptt_lm: </s> in front
     expected = _hf_stream_scores(hf, stream, SEGMENT)
     proc = fairseq("eval-lm", out_dir, "--task", "bptt_lm", "--path", os.path.join(out_dir, "checkpoint.pt"),
@@ -168,7 +174,7 @@ def test_every_hf_token_keeps_its_probability(converted):
     get probability 0."""
     from user_dir.models.transformer_xl_lm import TransformerXLLanguageModel
 
-    hf, tok, out_dir, _ = converted
+    hf, tok, out_dir, _, _ = converted
     hub = TransformerXLLanguageModel.from_pretrained(out_dir, "checkpoint.pt", user_dir=USER_DIR)
     model = hub.models[0]  # (in eval mode: the hub prepared it for inference)
     assert not model.training
@@ -191,6 +197,20 @@ def test_every_hf_token_keeps_its_probability(converted):
             assert diff <= 1e-5, f"log-probs of HF tokens differ by {diff:.3g}"
             assert lp[..., [d.bos(), d.pad()]].max() < -9000
             mems_hf, mems_fs = out.mems, extra["mems"]
+
+
+def test_finetuning_starts_from_the_converted_weights(converted, tmp_path):
+    """``fairseq-train --finetune-from-model`` with the flags the converter prints rebuilds the same model:
+    with learning rate 0 its validation loss is HF's on the same text."""
+    hf, tok, out_dir, test, flags = converted
+    proc = fairseq("train", out_dir, "--task", "bptt_lm", "--finetune-from-model",
+                   os.path.join(out_dir, "checkpoint.pt"), *flags, "--batch-size", 1, "--tokens-per-sample", SEGMENT,
+                   "--optimizer", "adam", "--lr", 0, "--max-update", 1, "--save-dir", tmp_path, "--no-save", "--cpu",
+                   "--no-progress-bar", "--log-format", "simple", "--num-workers", 0)
+    loss = float(re.search(r"valid on 'valid' subset \| loss ([\d.]+)", proc.stdout + proc.stderr).group(1))
+    stream = torch.cat([torch.tensor([tok.sym2idx["<eos>"]]), _hf_ids(tok, test)])
+    expected = -_hf_stream_scores(hf, stream, SEGMENT).mean().item() / math.log(2)  # (fairseq logs base 2)
+    assert loss == pytest.approx(expected, abs=6e-4)
 
 
 def test_bad_input_gives_one_clear_error_line(tmp_path):
@@ -238,3 +258,46 @@ def test_bad_input_errors_name_the_problem(tmp_path, config, vocab, message):
         conv.convert(str(hf_dir), str(tmp_path / "out"))
     assert message in str(err.value)
     assert "\n" not in str(err.value)
+
+
+def test_vocabulary_files_are_read_without_running_code(tmp_path):
+    """``vocab.pkl`` as ``save_pretrained`` writes it (a pickle) and as the hub has it (``torch.save``,
+    legacy and zip format): the symbols come back, and a global that would run code is never called."""
+    import collections
+    import pickle
+
+    marker = tmp_path / "code-ran"
+
+    class Evil:
+        def __reduce__(self):
+            return os.system, (f"touch {marker}",)
+
+    symbols = ["<eos>", "the", "<unk>", "a"]
+    vocab = {"idx2sym": symbols, "sym2idx": collections.OrderedDict((s, i) for i, s in enumerate(symbols)),
+             "counter": collections.Counter({"the": 5, "a": 2}), "lower_case": True, "delimiter": None,
+             "moses": Evil()}
+    writers = {
+        "pickle": lambda f: pickle.dump(vocab, f),
+        "torch_legacy": lambda f: torch.save(vocab, f, _use_new_zipfile_serialization=False),
+        "torch_zip": lambda f: torch.save(vocab, f),
+    }
+    conv = _converter()
+    for name, write in writers.items():
+        directory = tmp_path / name
+        directory.mkdir()
+        with open(directory / ("vocab.bin" if name == "torch_legacy" else "vocab.pkl"), "wb") as f:
+            write(f)
+        got, counter, eos, unk, lower_case, delimiter = conv.read_vocab(str(directory))
+        assert (got, counter["the"], eos, unk, lower_case, delimiter) == (symbols, 5, "<eos>", "<unk>", True, None)
+    assert not marker.exists()
+
+
+def test_sharded_weights_are_merged(tmp_path):
+    import json
+
+    torch.save({"a": torch.ones(2)}, tmp_path / "pytorch_model-00001-of-00002.bin")
+    torch.save({"b": torch.zeros(3)}, tmp_path / "pytorch_model-00002-of-00002.bin")
+    index = {"weight_map": {"a": "pytorch_model-00001-of-00002.bin", "b": "pytorch_model-00002-of-00002.bin"}}
+    (tmp_path / "pytorch_model.bin.index.json").write_text(json.dumps(index))
+    state = _converter().read_weights(str(tmp_path))
+    assert sorted(state) == ["a", "b"] and state["b"].shape == (3,)

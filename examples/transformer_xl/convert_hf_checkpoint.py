@@ -371,6 +371,20 @@ def build_checkpoint(out_dir, cfg, fairseq_state):
     return model
 
 
+def train_flags(model_cfg):
+    """The ``fairseq-train`` flags that rebuild this model (for ``--finetune-from-model``)."""
+    flags = ["--arch", "transformer_xl_lm"]
+    for key, value in model_cfg.items():
+        name = "--" + key.replace("_", "-")
+        if key == "tie_weight":  # (a store_false flag: given means False)
+            flags += [] if value else [name]
+        elif isinstance(value, bool):
+            flags += [name] if value else []
+        else:
+            flags += [name, ",".join(map(str, value)) if isinstance(value, list) else str(value)]
+    return flags
+
+
 def binarize(out_dir, prefs, lower_case, workers):
     """``fairseq-preprocess --only-source --srcdict OUT_DIR/dict.txt`` (text lower-cased first if the
     HF vocabulary is lower-case)."""
@@ -415,7 +429,7 @@ def convert(hf_dir, out_dir, prefs=None, workers=1):
     build_checkpoint(out_dir, cfg, state)
     if prefs:
         binarize(out_dir, prefs, lower_case, workers)
-    return new_to_hf
+    return new_to_hf, train_flags(cfg["model"])
 
 
 def main(argv=None):
@@ -428,11 +442,13 @@ def main(argv=None):
     args = parser.parse_args(argv)
     prefs = {s: getattr(args, f"{s}pref") for s in ("train", "valid", "test") if getattr(args, f"{s}pref")}
     try:
-        convert(args.hf_dir, args.out_dir, prefs, args.workers)
+        _, flags = convert(args.hf_dir, args.out_dir, prefs, args.workers)
     except ConversionError as e:
         print(f"convert_hf_checkpoint.py: error: {e}", file=sys.stderr)
         return 2
-    print(f"wrote {os.path.join(args.out_dir, 'checkpoint.pt')} and dict.txt")
+    print(f"wrote {os.path.join(args.out_dir, 'checkpoint.pt')} and dict.txt; to fine-tune: fairseq-train "
+          f"DATA --user-dir user_dir --task bptt_lm --finetune-from-model {args.out_dir}/checkpoint.pt "
+          f"{' '.join(flags)} ...")
     return 0
 
 
