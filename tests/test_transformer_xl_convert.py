@@ -301,3 +301,12 @@ def test_sharded_weights_are_merged(tmp_path):
     (tmp_path / "pytorch_model.bin.index.json").write_text(json.dumps(index))
     state = _converter().read_weights(str(tmp_path))
     assert sorted(state) == ["a", "b"] and state["b"].shape == (3,)
+
+
+def test_vocabulary_map_keeps_every_cluster():
+    """fairseq ids → HF ids (-1: new row) and the shifted cutoffs, with and without an HF ``<unk>``."""
+    conv = _converter()
+    symbols = ["<eos>", "the", "<unk>", "a", "b", "c"]
+    assert conv.vocabulary_map(symbols, "<eos>", "<unk>", [4], "x") == ([-1, -1, 0, 2, 1, 3, 4, 5], [6])
+    no_unk = ["<eos>", "the", "a", "b"]
+    assert conv.vocabulary_map(no_unk, "<eos>", "<unk>", [2], "x") == ([-1, -1, 0, -1, 1, 2, 3], [5])

@@ -32,8 +32,8 @@ Vocabulary (the choices, see also ``docs/transformer_xl.md``):
 * The new rows sit in the head of the adaptive softmax, in front of the HF
   tokens: every cutoff moves up by the number of new rows, so every HF token
   stays in its cluster.  This needs HF's ``<eos>``/``<unk>`` in the head
-  (HF ids below the first cutoff; true for WT103: ids 0 and 24); otherwise the
-  converter stops with an error.
+  (HF ids below the first cutoff; true for WT103, where both are among the
+  most frequent symbols); otherwise the converter stops with an error.
 * Text: the published WT103 model was trained on WT103 split at whitespace,
   with ``<eos>`` after every line (``lower_case`` False): exactly what
   ``fairseq-preprocess`` does.  When the saved tokenizer has ``lower_case``
