@@ -273,3 +273,10 @@ def test_forward_makes_no_host_sync(training):
         for sample in batches[:3]:
             model(**sample["net_input"])
     assert syncs == [], syncs
+    if not training:  # generation: incremental steps with a beam reorder
+        tokens, state = batches[0]["net_input"]["src_tokens"], {}
+        with torch.no_grad(), count_host_syncs() as syncs:
+            for t in range(1, 4):
+                model.decoder(tokens[:, :t], incremental_state=state)
+                model.decoder.reorder_incremental_state_scripting(state, torch.tensor([1, 0]))
+        assert state and syncs == [], syncs

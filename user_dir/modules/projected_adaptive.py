@@ -212,19 +212,29 @@ class ProjectedAdaptiveLogSoftmax(nn.Module):
         kind, k = src
         return self.out_projs[k] if kind == "own" else self._embedding[0].emb_projs[k]
 
-    def _band(self, i):
-        """Weight, bias (and projection) of band ``i``; band 0 includes the cluster logits."""
+    def _bands(self):
+        """Weight, bias and projection of every band; band 0 includes the cluster logits.
+
+        With one output layer (``div_val == 1``) the bands are one ``split`` of it: one backward node
+        writes the whole gradient (a slice per band would zero-fill a (V, d) gradient per band, the
+        largest cost of a small training step at V = 267k)."""
         if self.div_val == 1:
-            lo, hi = self.edges[i], self.edges[i + 1]
             weight, bias = self.out_layers[0].weight, self.out_layers[0].bias
-            if (lo, hi) != (0, self.n_token):  # (a full-range slice would cost a zero-filled copy in backward)
-                weight, bias = weight[lo:hi], bias[lo:hi]
+            if self.n_clusters == 0:
+                weights, biases = [weight], [bias]
+            else:
+                sizes = [hi - lo for lo, hi in zip(self.edges[:-1], self.edges[1:])]
+                weights, biases = weight.split(sizes), bias.split(sizes)
         else:
-            weight, bias = self.out_layers[i].weight, self.out_layers[i].bias
-        if i == 0 and self.n_clusters > 0:
-            weight = torch.cat([weight, self.cluster_weight], dim=0)
-            bias = torch.cat([bias, self.cluster_bias], dim=0)
-        return weight, bias, self.proj(i)
+            weights = [layer.weight for layer in self.out_layers]
+            biases = [layer.bias for layer in self.out_layers]
+        bands = []
+        for i, (weight, bias) in enumerate(zip(weights, biases)):
+            if i == 0 and self.n_clusters > 0:
+                weight = torch.cat([weight, self.cluster_weight], dim=0)
+                bias = torch.cat([bias, self.cluster_bias], dim=0)
+            bands.append((weight, bias, self.proj(i)))
+        return bands
 
     def __getstate__(self):  # (deepcopy / pickle: not the buffers of LinearLogSoftmax)
         state = dict(self.__dict__)
@@ -247,12 +257,13 @@ class ProjectedAdaptiveLogSoftmax(nn.Module):
         """Log-probabilities over the whole vocabulary, shape ``hidden.shape[:-1] + (n_token,)``."""
         shape = hidden.shape[:-1]
         hidden = hidden.reshape(-1, hidden.size(-1))
-        head = self._log_softmax(hidden, *self._band(0))
+        bands = self._bands()
+        head = self._log_softmax(hidden, *bands[0])
         if self.n_clusters == 0:
             return head.view(*shape, self.n_token)
         parts = [head[:, : self.edges[1]]]
         for i in range(1, self.n_clusters + 1):
-            tail = self._log_softmax(hidden, *self._band(i))
+            tail = self._log_softmax(hidden, *bands[i])
             parts.append(head[:, -i].unsqueeze(1) + tail)
         return torch.cat(parts, dim=1).view(*shape, self.n_token)
 
@@ -267,7 +278,8 @@ class ProjectedAdaptiveLogSoftmax(nn.Module):
         shape = target.shape
         hidden = hidden.reshape(-1, hidden.size(-1))
         target = target.reshape(-1)
-        head = self._log_softmax(hidden, *self._band(0))
+        bands = self._bands()
+        head = self._log_softmax(hidden, *bands[0])
         if self.n_clusters == 0:
             return -head.gather(1, target.unsqueeze(1)).view(shape)
         in_head = target < self.edges[1]
@@ -277,7 +289,7 @@ class ProjectedAdaptiveLogSoftmax(nn.Module):
             idx = ((target >= lo) & (target < hi)).nonzero().squeeze(1)
             if idx.numel() == 0:
                 continue
-            tail = self._log_softmax(hidden[idx], *self._band(i))
+            tail = self._log_softmax(hidden[idx], *bands[i])
             lp_i = head[idx, -i] + tail.gather(1, (target[idx] - lo).unsqueeze(1)).squeeze(1)
             lp = lp.index_add(0, idx, lp_i)
         return -lp.view(shape)
