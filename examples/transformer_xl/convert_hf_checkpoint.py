@@ -125,7 +125,7 @@ def read_config(hf_dir):
                                   f"all but the first, or all projections)")
     return {
         "vocab_size": vocab_size, "cutoffs": cutoffs, "div_val": div_val, "tie_projs": tie_projs,
-        "eos_token_id": c.get("eos_token_id"), "tgt_len": c.get("tgt_len", 128),
+        "tgt_len": c.get("tgt_len", 128),
         "model": dict(
             n_layer=c["n_layer"], d_model=d_model, n_head=c["n_head"], d_head=c["d_head"], d_inner=c["d_inner"],
             d_embed=d_embed, dropout=c.get("dropout", 0.1), dropatt=c.get("dropatt", 0.0),
