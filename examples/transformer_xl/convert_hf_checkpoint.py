@@ -394,8 +394,6 @@ def binarize(out_dir, prefs, lower_case, workers):
     with tempfile.TemporaryDirectory() as tmp:
         flags = []
         for split, path in prefs.items():
-            if not os.path.exists(path):
-                raise ConversionError(f"--{split}pref {path}: file not found")
             if lower_case:
                 lowered = os.path.join(tmp, split)
                 with open(path, encoding="utf-8") as src, open(lowered, "w", encoding="utf-8") as dst:
@@ -412,6 +410,9 @@ def binarize(out_dir, prefs, lower_case, workers):
 def convert(hf_dir, out_dir, prefs=None, workers=1):
     if not os.path.isdir(hf_dir):
         raise ConversionError(f"{hf_dir}: not a directory")
+    for split, path in (prefs or {}).items():
+        if not os.path.isfile(path):
+            raise ConversionError(f"--{split}pref {path}: file not found")
     cfg = read_config(hf_dir)
     symbols, counter, eos, unk, lower_case, delimiter = read_vocab(hf_dir)
     if delimiter not in (None, " "):
