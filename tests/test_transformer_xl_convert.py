@@ -220,6 +220,13 @@ def test_bad_input_gives_one_clear_error_line(tmp_path):
     assert proc.stderr.strip().splitlines() == [f"convert_hf_checkpoint.py: error: {missing}: not a directory"]
 
 
+def test_missing_text_is_reported_before_converting(tmp_path):
+    conv = _converter()
+    with pytest.raises(conv.ConversionError, match=r"^--testpref \S+/wiki.test.tokens: file not found$"):
+        conv.convert(str(tmp_path), str(tmp_path / "out"), {"test": str(tmp_path / "wiki.test.tokens")})
+    assert not (tmp_path / "out").exists()
+
+
 def _write(directory, name, text):
     directory.mkdir(exist_ok=True)
     (directory / name).write_text(text, encoding="utf-8")

@@ -125,7 +125,7 @@ def read_config(hf_dir):
                                   f"all but the first, or all projections)")
     return {
         "vocab_size": vocab_size, "cutoffs": cutoffs, "div_val": div_val, "tie_projs": tie_projs,
-        "eos_token_id": c.get("eos_token_id"), "tgt_len": c.get("tgt_len", 128),
+        "tgt_len": c.get("tgt_len", 128),
         "model": dict(
             n_layer=c["n_layer"], d_model=d_model, n_head=c["n_head"], d_head=c["d_head"], d_inner=c["d_inner"],
             d_embed=d_embed, dropout=c.get("dropout", 0.1), dropatt=c.get("dropatt", 0.0),
@@ -394,8 +394,6 @@ def binarize(out_dir, prefs, lower_case, workers):
     with tempfile.TemporaryDirectory() as tmp:
         flags = []
         for split, path in prefs.items():
-            if not os.path.exists(path):
-                raise ConversionError(f"--{split}pref {path}: file not found")
             if lower_case:
                 lowered = os.path.join(tmp, split)
                 with open(path, encoding="utf-8") as src, open(lowered, "w", encoding="utf-8") as dst:
@@ -412,6 +410,9 @@ def binarize(out_dir, prefs, lower_case, workers):
 def convert(hf_dir, out_dir, prefs=None, workers=1):
     if not os.path.isdir(hf_dir):
         raise ConversionError(f"{hf_dir}: not a directory")
+    for split, path in (prefs or {}).items():
+        if not os.path.isfile(path):
+            raise ConversionError(f"--{split}pref {path}: file not found")
     cfg = read_config(hf_dir)
     symbols, counter, eos, unk, lower_case, delimiter = read_vocab(hf_dir)
     if delimiter not in (None, " "):
