@@ -53,7 +53,7 @@ ARCHS = {
                                   "--valid-size", "64", "--test-size", "64", "--batch-size", "16"],
                          ["--seq-len", "40", "--min-seq-len", "20", "--encoder-layers", "1"]),
     "transformer_xl_lm": ("lm", ["--arch", "transformer_xl_lm_wt103_base", "--task", "bptt_lm",
-                                 "--tokens-per-sample", "150", "--mem-len", "150", "--batch-size", "16"],
+                                 "--criterion", "projected_adaptive_loss", "--tokens-per-sample", "150", "--mem-len", "150", "--batch-size", "16"],
                           ["--tokens-per-sample", "16", "--mem-len", "16", "--batch-size", "4",
                            "--n-layer", "1", "--d-model", "16", "--n-head", "2", "--d-head", "8",
                            "--d-inner", "32", "--cutoffs", "200,500"]),
