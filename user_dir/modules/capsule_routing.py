@@ -59,6 +59,22 @@ Reconstruction decisions (the paper's equations are not available)
    starts as the plain transformer and learns how much routing to add
    (``H`` more parameters per routed module).  For short training budgets,
    where ``Ω`` at full strength slows early learning (BENCHMARKS.md).
+8. *Horizontal routing from the query/key factors* (cost, not semantics).  A
+   horizontal capsule is ``C_m = (q_m^h·k_k^h)`` over the heads ``h`` and the keys
+   ``k`` row ``m`` sees.  When those key sets are nested (key padding: all rows see
+   the same keys; causal self-attention: row ``m`` sees keys ``≤ m``; these are the
+   masks the model's layers pass) the Gram matrix is ``G_mn = u_min(m,n)·q_max(m,n)``
+   with ``u_m = Σ_k E_mk k_k`` (heads concatenated, ``D = H·d``): ``O(M²·D)`` instead
+   of forming the ``(M × H·K)`` capsules (``O(H·M³)``).  ``Ω = Σ_m w_mn C_m`` is
+   ``(Wᵀ Q_h) K_hᵀ`` when all rows see the same keys, ``Wᵀ E_h`` in a causal
+   self-attention pass, and ``k_k · Σ_{m≥k} w_mn q_m`` (a suffix sum) while decoding.
+   Decoding keeps ``G``, ``u_m`` and ``q_m`` of the earlier rows and grows ``G`` by one
+   column per token: the past logit rows are never kept or re-padded.
+9. *Half precision.*  Gram matrices sum squared logits over whole capsules (a
+   vertical capsule is a head's ``Lq×Lk`` slice) and pass float16's 65504 at
+   sentence length; ``squash`` needs a tiny epsilon.  Routing therefore runs in
+   float32 with autocast off, and only ``Ω`` is cast back to the logits' dtype (the
+   way fairseq computes its softmax in float32).
 
 Shapes: ``B`` batch, ``H`` heads, ``Q`` query rows, ``K`` keys.
 """
