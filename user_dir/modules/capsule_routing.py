@@ -155,12 +155,39 @@ def dynamic_routing(gram, init_logits: Tensor, iters: int, size: Tensor,
             couplings = couplings.expand(gram.size(0), -1, -1)
         if couplings.size(-1) == 1:  # one output (a decoding step): G c without a slow batched gemv
             agree = (gram * couplings.transpose(1, 2)).sum(-1, keepdim=True)
+        elif visible is not None:  # causal: c_mn = 0 for m > n
+            agree = matmul_upper(gram, couplings)
         else:
             agree = torch.bmm(gram, couplings)  # <C_m, s_n>
         gain = squash_gain((couplings * agree).sum(-2, keepdim=True) * inv_size)  # (G, 1, N)
         if it + 1 < iters:
             logits = torch.addcmul(logits, agree, gain * inv_size)
     return couplings * gain, couplings
+
+
+def matmul_upper(g: Tensor, c: Tensor, min_block: int = 64) -> Tensor:
+    """``g @ c`` for square ``c`` with ``c[m, n] = 0`` for ``m > n`` (causal couplings), skipping
+    its zero lower-left block recursively: about half the work of a dense product."""
+    size = c.size(-1)
+    if size < 2 * min_block or c.size(-2) != size:
+        return torch.matmul(g, c)
+    h = size // 2
+    left = matmul_upper(g[..., :h], c[..., :h, :h], min_block)
+    return torch.cat([left, torch.matmul(g, c[..., h:])], dim=-1)
+
+
+def matmul_lower(w: Tensor, e: Tensor, min_block: int = 64) -> Tensor:
+    """``w @ e`` for square lower-triangular ``w`` and ``e`` (``x[i, j] = 0`` for ``j > i``),
+    skipping their zero blocks recursively: about a third of the work of a dense product."""
+    size = e.size(-1)
+    if size < 2 * min_block or e.size(-2) != size or w.size(-1) != size or w.size(-2) != size:
+        return torch.matmul(w, e)
+    h = size // 2
+    top_left = matmul_lower(w[..., :h, :h], e[..., :h, :h], min_block)
+    top = torch.cat([top_left, top_left.new_zeros(top_left.shape[:-1] + (size - h,))], dim=-1)
+    bottom = torch.cat([torch.matmul(w[..., h:, :], e[..., :h]),
+                        matmul_lower(w[..., h:, h:], e[..., h:, h:], min_block)], dim=-1)
+    return torch.cat([top, bottom], dim=-2)
 
 
 def factored_gram(u: Tensor, q: Tensor) -> Tensor:
@@ -347,7 +374,7 @@ class CapsuleRouting(nn.Module):
             wq = torch.bmm(wt, q_t.transpose(1, 2)).view(bsz, q_len, heads, -1).transpose(1, 2)
             omega = torch.matmul(wq, key.transpose(2, 3)).transpose(1, 2)
         elif not past:  # full causal self-attention pass: Ω_h = Wᵀ E_h
-            omega = torch.matmul(wt.unsqueeze(1), logits.transpose(1, 2)).transpose(1, 2)
+            omega = matmul_lower(wt.unsqueeze(1), logits.transpose(1, 2)).transpose(1, 2)  # both triangular
         else:  # decoding, row m sees keys <= m: Ω_h[n, k] = k_k · Σ_{m >= k} w_mn q_m (a suffix sum)
             x = q_t.unsqueeze(2) * wt.unsqueeze(1)  # (B, D, Q, M), summed over rows m >= k
             prefix = x.cumsum(-1)  # along the last dim: torch's fast scan
