@@ -332,25 +332,31 @@ class CapsuleRouting(nn.Module):
         """One capsule per query token (its logits on all heads, ``H·K`` entries), decision 8."""
         bsz, q_len, heads, k_len = logits.shape
         row_counts = counts.to(logits.dtype)
-        if query is None:  # the bare cube: its rows are the query vectors, the keys the identity
-            if state:
-                raise ValueError("incremental horizontal routing needs the queries and keys of the logits")
-            q_rows = u_rows = logits.reshape(bsz, q_len, heads * k_len)
-        else:  # q_m (pad rows zeroed) and u_m = Σ_k E_mk k_k over the keys row m sees, heads concatenated
+        if query is None and state:
+            raise ValueError("incremental horizontal routing needs the queries and keys of the logits")
+        keep = self.causal and query is not None and new_state is not None
+        # short keys (K <= d) or a bare cube: the capsules themselves are the cheaper factors
+        rows = None
+        if query is None or (not state and k_len <= query.size(-1)):
+            rows = logits.reshape(bsz, q_len, heads * k_len)
+        if query is not None and (rows is None or keep):
+            # q_m (pad rows zeroed) and u_m = Σ_k E_mk k_k over the keys row m sees, heads concatenated
             valid = (counts > 0).to(logits.dtype).view(bsz, 1, q_len, 1)
             q_rows = (query * valid).transpose(1, 2).reshape(bsz, q_len, -1)
             u_rows = torch.matmul(logits.transpose(1, 2), key).transpose(1, 2).reshape(bsz, q_len, -1)
+            q_t = q_rows.transpose(1, 2)
         past = 0
         if "horizontal_gram" in state:  # decoding: the kept Gram grows by the new rows' columns
             past = state["horizontal_gram"].size(1)
             u_rows = torch.cat([state["horizontal_u"], u_rows], dim=1)
             row_counts = torch.cat([state["horizontal_counts"], row_counts], dim=1)
             gram = grow_gram(state["horizontal_gram"], u_rows, q_rows)
-            q_t = torch.cat([state["horizontal_qt"], q_rows.transpose(1, 2)], dim=2)
+            q_t = torch.cat([state["horizontal_qt"], q_t], dim=2)
+        elif rows is not None:
+            gram = torch.bmm(rows, rows.transpose(1, 2))
         else:
             gram = factored_gram(u_rows, q_rows)
-            q_t = q_rows.transpose(1, 2)
-        if self.causal and query is not None and new_state is not None:
+        if keep:
             new_state.update(horizontal_gram=gram, horizontal_u=u_rows, horizontal_qt=q_t.contiguous(),
                              horizontal_counts=row_counts)
         total = past + q_len
@@ -368,8 +374,8 @@ class CapsuleRouting(nn.Module):
         size = self._size(counts.to(logits.dtype) * heads)  # (B, Q): entries of output capsule n
         weights, couplings = dynamic_routing(gram, init, self.iters, size, out_dim=-2, visible=visible)
         wt = weights.transpose(1, 2)  # (B, Q, M): Ω_n = Σ_m w_mn C_m
-        if query is None:
-            omega = torch.bmm(wt, q_rows)
+        if rows is not None:
+            omega = torch.bmm(wt, rows)
         elif not (self.causal and keys_are_rows):  # all rows see the same keys: Ω_h = (Wᵀ Q_h) K_hᵀ
             wq = torch.bmm(wt, q_t.transpose(1, 2)).view(bsz, q_len, heads, -1).transpose(1, 2)
             omega = torch.matmul(wq, key.transpose(2, 3)).transpose(1, 2)
