@@ -190,6 +190,35 @@ def matmul_lower(w: Tensor, e: Tensor, min_block: int = 64) -> Tensor:
     return torch.cat([top, bottom], dim=-2)
 
 
+@functools.lru_cache(maxsize=None)
+def _upper_ones(size: int, dtype: torch.dtype, device: torch.device) -> Tensor:
+    """``[k, m] = 1`` where ``m >= k`` (cached; never modified in place)."""
+    return torch.ones(size, size, dtype=dtype, device=device).triu()
+
+
+def suffix_weighted_sums(w: Tensor, rows: Tensor, block: int = 64) -> Tensor:
+    """``S[b, n, k] = Σ_{m ≥ k} w[b, n, m] rows[b, m]`` for ``w`` ``(B, Q, M)``, ``rows`` ``(B, M, D)``.
+
+    In blocks of ``block`` rows: a triangular product inside each block and a suffix sum of
+    the block totals across blocks, ``O(Q·M·block·D)``: linear in ``M``, as matrix products.
+    Returns ``(B, Q, M, D)``.
+    """
+    bsz, q_len, size = w.shape
+    block = min(block, size)
+    blocks = -(-size // block)
+    pad = blocks * block - size
+    if pad:
+        w, rows = F.pad(w, (0, pad)), F.pad(rows, (0, 0, 0, pad))
+    upper = _upper_ones(block, w.dtype, w.device)
+    within = torch.matmul(upper * w.view(bsz, q_len, blocks, 1, block),
+                          rows.view(bsz, 1, blocks, block, -1))  # (B, Q, nb, block, D)
+    if blocks > 1:
+        totals = within[:, :, :, 0]  # a block's total is the suffix sum at its first row
+        later = totals.flip(2).cumsum(2).flip(2) - totals  # the blocks after each block
+        within = within + later.unsqueeze(3)
+    return within.reshape(bsz, q_len, blocks * block, -1)[:, :, :size]
+
+
 def factored_gram(u: Tensor, q: Tensor) -> Tensor:
     """Gram matrix ``G_mn = u_min(m,n) · q_max(m,n)`` of horizontal capsules, ``(B, M, M)``.
 
@@ -344,20 +373,19 @@ class CapsuleRouting(nn.Module):
             valid = (counts > 0).to(logits.dtype).view(bsz, 1, q_len, 1)
             q_rows = (query * valid).transpose(1, 2).reshape(bsz, q_len, -1)
             u_rows = torch.matmul(logits.transpose(1, 2), key).transpose(1, 2).reshape(bsz, q_len, -1)
-            q_t = q_rows.transpose(1, 2)
         past = 0
         if "horizontal_gram" in state:  # decoding: the kept Gram grows by the new rows' columns
             past = state["horizontal_gram"].size(1)
             u_rows = torch.cat([state["horizontal_u"], u_rows], dim=1)
             row_counts = torch.cat([state["horizontal_counts"], row_counts], dim=1)
             gram = grow_gram(state["horizontal_gram"], u_rows, q_rows)
-            q_t = torch.cat([state["horizontal_qt"], q_t], dim=2)
+            q_rows = torch.cat([state["horizontal_q"], q_rows], dim=1)
         elif rows is not None:
             gram = torch.bmm(rows, rows.transpose(1, 2))
         else:
             gram = factored_gram(u_rows, q_rows)
         if keep:
-            new_state.update(horizontal_gram=gram, horizontal_u=u_rows, horizontal_qt=q_t.contiguous(),
+            new_state.update(horizontal_gram=gram, horizontal_u=u_rows, horizontal_q=q_rows,
                              horizontal_counts=row_counts)
         total = past + q_len
         m_pos = torch.arange(total, device=logits.device)
@@ -377,15 +405,13 @@ class CapsuleRouting(nn.Module):
         if rows is not None:
             omega = torch.bmm(wt, rows)
         elif not (self.causal and keys_are_rows):  # all rows see the same keys: Ω_h = (Wᵀ Q_h) K_hᵀ
-            wq = torch.bmm(wt, q_t.transpose(1, 2)).view(bsz, q_len, heads, -1).transpose(1, 2)
+            wq = torch.bmm(wt, q_rows).view(bsz, q_len, heads, -1).transpose(1, 2)
             omega = torch.matmul(wq, key.transpose(2, 3)).transpose(1, 2)
         elif not past:  # full causal self-attention pass: Ω_h = Wᵀ E_h
             omega = matmul_lower(wt.unsqueeze(1), logits.transpose(1, 2)).transpose(1, 2)  # both triangular
         else:  # decoding, row m sees keys <= m: Ω_h[n, k] = k_k · Σ_{m >= k} w_mn q_m (a suffix sum)
-            x = q_t.unsqueeze(2) * wt.unsqueeze(1)  # (B, D, Q, M), summed over rows m >= k
-            prefix = x.cumsum(-1)  # along the last dim: torch's fast scan
-            suffix = (prefix[..., -1:] - prefix + x).view(bsz, heads, -1, q_len, total)
-            omega = (suffix * key.transpose(2, 3).unsqueeze(3)).sum(2).transpose(1, 2)  # (B, Q, H, K)
+            sums = suffix_weighted_sums(wt, q_rows).view(bsz, q_len, total, heads, -1)
+            omega = (sums * key.transpose(1, 2).unsqueeze(1)).sum(-1).transpose(2, 3)  # (B, Q, H, K)
         return omega.reshape(bsz, q_len, heads, k_len), couplings
 
 
