@@ -286,3 +286,52 @@ def test_capturing_keeps_the_routing_only_inside_the_block():
         invariance.decoder_logits(model, srcs, tgts, d.pad())
         assert all({"logits_before", "logits_after", "visible"} <= set(m.last_capture) for m in modules)
     assert all(not m.capture and not m.last_capture for m in modules)
+
+
+# ------------------------------------------------------------------ routing cost (decision 8)
+
+
+@pytest.mark.parametrize("size", [5, 127, 128, 257])
+def test_triangular_products_equal_dense_ones(size):
+    from user_dir.modules.capsule_routing import matmul_lower, matmul_upper
+
+    g = torch.Generator().manual_seed(size)
+    w, e = torch.randn(2, 1, size, size, generator=g).tril(), torch.randn(2, 3, size, size, generator=g).tril()
+    gram, c = torch.randn(2, size, size, generator=g), torch.randn(2, size, size, generator=g).triu()
+    assert torch.allclose(matmul_lower(w, e), w @ e, atol=1e-4)
+    assert torch.allclose(matmul_upper(gram, c), gram @ c, atol=1e-4)
+
+
+def test_factored_horizontal_gram_equals_the_capsule_gram():
+    """G_mn = u_min·q_max (decision 8) is the Gram of the explicit (M × H·K) capsules, for key padding
+    (every row sees the same keys) and for causal self-attention (row m sees keys <= m)."""
+    from user_dir.modules.capsule_routing import factored_gram
+
+    g = torch.Generator().manual_seed(0)
+    q, k = torch.randn(2, 4, 9, 5, generator=g), torch.randn(2, 4, 9, 5, generator=g)  # (B, H, M, d)
+    for visible in (torch.rand(2, 1, 1, 9, generator=g) > 0.3, torch.ones(9, 9, dtype=torch.bool).tril()):
+        cube = (q @ k.transpose(2, 3)) * visible  # (B, H, M, K), masked entries 0
+        caps = cube.transpose(1, 2).reshape(2, 9, -1)
+        u = (cube @ k).transpose(1, 2).reshape(2, 9, -1)
+        assert torch.allclose(factored_gram(u, q.transpose(1, 2).reshape(2, 9, -1)), caps @ caps.transpose(1, 2),
+                              atol=1e-4)
+
+
+def test_long_target_full_pass_equals_decoding():
+    """At 140 target tokens the full pass takes the blocked triangular products and decoding the kept
+    Gram: both must still agree."""
+    model, d = _model(*ALL_MODULES)
+    src = random_sentences(d, [20], seed=3)[0]
+    prev = prev_output(random_sentences(d, [140], seed=4)[0], d.eos())
+    invariance.assert_incremental_equals_full(model, src, prev, d.pad(), reorder=False)
+
+
+@pytest.mark.parametrize("size", [1, 5, 16, 17, 70])
+def test_suffix_weighted_sums_equal_a_loop(size):
+    """Decoding's Ω↔ sums w_m q_m over rows m >= k: blocked (block 16 here) = the plain sums."""
+    from user_dir.modules.capsule_routing import suffix_weighted_sums
+
+    g = torch.Generator().manual_seed(size)
+    w, rows = torch.rand(2, 3, size, generator=g), torch.randn(2, size, 5, generator=g)
+    loop = torch.stack([(w[:, :, k:, None] * rows[:, None, k:]).sum(2) for k in range(size)], dim=2)
+    assert torch.allclose(suffix_weighted_sums(w, rows, block=16), loop, atol=1e-5)

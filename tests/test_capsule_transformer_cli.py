@@ -85,3 +85,23 @@ def test_hydra_train_yaml(toy_translation_bin, tmp_path):
     models, cfg = checkpoint_utils.load_model_ensemble([os.path.join(tmp_path, "checkpoint_last.pt")])
     routed = [m for m in models[0].modules() if isinstance(m, CapsuleMultiheadAttention)]
     assert len(routed) == 2 and cfg.model.routing_iters == 3  # enc + dec self-attention, from the YAML
+
+
+@pytest.mark.parametrize("flags", [["--memory-efficient-fp16"], ["--fp16", "--fp16-no-flatten-grads"]],
+                         ids=["memory-efficient-fp16", "fp16-no-flatten-grads"])
+def test_fp16_training_through_fairseq_train(toy_translation_bin, tmp_path, flags):
+    """fairseq's float16 trainer path as far as it runs on CPU (``--fp16`` with flattened grads
+    needs CUDA; an overflow makes fairseq call ``.cuda()``, hence ``--fp16-init-scale 1``): the
+    model trains in float16 (routing in float32 inside) with finite losses."""
+    import re
+
+    proc = fairseq("train", toy_translation_bin, "--task", "translation", "--arch", "capsule_transformer",
+                   *CAPSULE, *flags, "--fp16-init-scale", "1", "--optimizer", "adam", "--lr", "1e-3",
+                   "--max-tokens", "1000", "--max-update", "4", "--save-dir", tmp_path, "--log-interval", "1",
+                   "--no-progress-bar", "--log-format", "simple", "--cpu", "--num-workers", "0", "--seed", "1",
+                   "--no-save")
+    text = proc.stdout + proc.stderr
+    losses = [float(x) for x in re.findall(r"train_inner .* loss=([\d.]+|nan|inf),", text)]
+    assert len(losses) >= 4, "\n".join(line for line in text.splitlines() if "| " in line or "Error" in line)
+    assert all(0 < x < 100 for x in losses), f"non-finite or absurd losses: {losses}"
+    assert "loss_scale=1" in text  # fairseq's float16 optimizer ran (its loss scale is logged)

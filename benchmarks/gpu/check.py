@@ -38,11 +38,12 @@ WT103_VOCAB = 267735  # the paper's WikiText-103 vocabulary: the adaptive softma
 
 MT = ["--task", "translation", "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1",
       "--share-all-embeddings", "--max-tokens", "4096"]
-# architecture -> (data kind, flags at the paper-size preset, flags of the tiny --smoke model)
+# architecture -> (data kind, flags at the paper-size preset, flags of the tiny --smoke model);
+# --rotate-modes gives the i-th one the i-th mode: capsule_transformer (routing in float32) gets --fp16
 ARCHS = {
-    "transformer": ("mt", ["--arch", "transformer", *MT], ["--encoder-layers", "1", "--decoder-layers", "1"]),
     "capsule_transformer": ("mt", ["--arch", "capsule_transformer", *MT],
                             ["--encoder-layers", "1", "--decoder-layers", "1"]),
+    "transformer": ("mt", ["--arch", "transformer", *MT], ["--encoder-layers", "1", "--decoder-layers", "1"]),
     "star_transformer_nmt": ("mt", ["--arch", "star_transformer_nmt", *MT],
                              ["--encoder-layers", "1", "--decoder-layers", "1"]),
     "fasttrees_transformer": ("mt", ["--arch", "fasttrees_transformer", *MT],

@@ -59,6 +59,22 @@ Reconstruction decisions (the paper's equations are not available)
    starts as the plain transformer and learns how much routing to add
    (``H`` more parameters per routed module).  For short training budgets,
    where ``Ω`` at full strength slows early learning (BENCHMARKS.md).
+8. *Horizontal routing from the query/key factors* (cost, not semantics).  A
+   horizontal capsule is ``C_m = (q_m^h·k_k^h)`` over the heads ``h`` and the keys
+   ``k`` row ``m`` sees.  When those key sets are nested (key padding: all rows see
+   the same keys; causal self-attention: row ``m`` sees keys ``≤ m``; these are the
+   masks the model's layers pass) the Gram matrix is ``G_mn = u_min(m,n)·q_max(m,n)``
+   with ``u_m = Σ_k E_mk k_k`` (heads concatenated, ``D = H·d``): ``O(M²·D)`` instead
+   of forming the ``(M × H·K)`` capsules (``O(H·M³)``).  ``Ω = Σ_m w_mn C_m`` is
+   ``(Wᵀ Q_h) K_hᵀ`` when all rows see the same keys, ``Wᵀ E_h`` in a causal
+   self-attention pass, and ``k_k · Σ_{m≥k} w_mn q_m`` (a suffix sum) while decoding.
+   Decoding keeps ``G``, ``u_m`` and ``q_m`` of the earlier rows and grows ``G`` by one
+   column per token: the past logit rows are never kept or re-padded.
+9. *Half precision.*  Gram matrices sum squared logits over whole capsules (a
+   vertical capsule is a head's ``Lq×Lk`` slice) and pass float16's 65504 at
+   sentence length; ``squash`` needs a tiny epsilon.  Routing therefore runs in
+   float32 with autocast off, and only ``Ω`` is cast back to the logits' dtype (the
+   way fairseq computes its softmax in float32).
 
 Shapes: ``B`` batch, ``H`` heads, ``Q`` query rows, ``K`` keys.
 """
@@ -139,12 +155,68 @@ def dynamic_routing(gram, init_logits: Tensor, iters: int, size: Tensor,
             couplings = couplings.expand(gram.size(0), -1, -1)
         if couplings.size(-1) == 1:  # one output (a decoding step): G c without a slow batched gemv
             agree = (gram * couplings.transpose(1, 2)).sum(-1, keepdim=True)
+        elif visible is not None:  # causal: c_mn = 0 for m > n
+            agree = matmul_upper(gram, couplings)
         else:
             agree = torch.bmm(gram, couplings)  # <C_m, s_n>
         gain = squash_gain((couplings * agree).sum(-2, keepdim=True) * inv_size)  # (G, 1, N)
         if it + 1 < iters:
             logits = torch.addcmul(logits, agree, gain * inv_size)
     return couplings * gain, couplings
+
+
+def matmul_upper(g: Tensor, c: Tensor, min_block: int = 64) -> Tensor:
+    """``g @ c`` for square ``c`` with ``c[m, n] = 0`` for ``m > n`` (causal couplings), skipping
+    its zero lower-left block recursively: about half the work of a dense product."""
+    size = c.size(-1)
+    if size < 2 * min_block or c.size(-2) != size:
+        return torch.matmul(g, c)
+    h = size // 2
+    left = matmul_upper(g[..., :h], c[..., :h, :h], min_block)
+    return torch.cat([left, torch.matmul(g, c[..., h:])], dim=-1)
+
+
+def matmul_lower(w: Tensor, e: Tensor, min_block: int = 64) -> Tensor:
+    """``w @ e`` for square lower-triangular ``w`` and ``e`` (``x[i, j] = 0`` for ``j > i``),
+    skipping their zero blocks recursively: about a third of the work of a dense product."""
+    size = e.size(-1)
+    if size < 2 * min_block or e.size(-2) != size or w.size(-1) != size or w.size(-2) != size:
+        return torch.matmul(w, e)
+    h = size // 2
+    top_left = matmul_lower(w[..., :h, :h], e[..., :h, :h], min_block)
+    top = torch.cat([top_left, top_left.new_zeros(top_left.shape[:-1] + (size - h,))], dim=-1)
+    bottom = torch.cat([torch.matmul(w[..., h:, :], e[..., :h]),
+                        matmul_lower(w[..., h:, h:], e[..., h:, h:], min_block)], dim=-1)
+    return torch.cat([top, bottom], dim=-2)
+
+
+@functools.lru_cache(maxsize=None)
+def _upper_ones(size: int, dtype: torch.dtype, device: torch.device) -> Tensor:
+    """``[k, m] = 1`` where ``m >= k`` (cached; never modified in place)."""
+    return torch.ones(size, size, dtype=dtype, device=device).triu()
+
+
+def suffix_weighted_sums(w: Tensor, rows: Tensor, block: int = 64) -> Tensor:
+    """``S[b, n, k] = Σ_{m ≥ k} w[b, n, m] rows[b, m]`` for ``w`` ``(B, Q, M)``, ``rows`` ``(B, M, D)``.
+
+    In blocks of ``block`` rows: a triangular product inside each block and a suffix sum of
+    the block totals across blocks, ``O(Q·M·block·D)``: linear in ``M``, as matrix products.
+    Returns ``(B, Q, M, D)``.
+    """
+    bsz, q_len, size = w.shape
+    block = min(block, size)
+    blocks = -(-size // block)
+    pad = blocks * block - size
+    if pad:
+        w, rows = F.pad(w, (0, pad)), F.pad(rows, (0, 0, 0, pad))
+    upper = _upper_ones(block, w.dtype, w.device)
+    within = torch.matmul(upper * w.view(bsz, q_len, blocks, 1, block),
+                          rows.view(bsz, 1, blocks, block, -1))  # (B, Q, nb, block, D)
+    if blocks > 1:
+        totals = within[:, :, :, 0]  # a block's total is the suffix sum at its first row
+        later = totals.flip(2).cumsum(2).flip(2) - totals  # the blocks after each block
+        within = within + later.unsqueeze(3)
+    return within.reshape(bsz, q_len, blocks * block, -1)[:, :, :size]
 
 
 def factored_gram(u: Tensor, q: Tensor) -> Tensor:
@@ -289,11 +361,15 @@ class CapsuleRouting(nn.Module):
         """One capsule per query token (its logits on all heads, ``H·K`` entries), decision 8."""
         bsz, q_len, heads, k_len = logits.shape
         row_counts = counts.to(logits.dtype)
-        if query is None:  # the bare cube: its rows are the query vectors, the keys the identity
-            if state:
-                raise ValueError("incremental horizontal routing needs the queries and keys of the logits")
-            q_rows = u_rows = logits.reshape(bsz, q_len, heads * k_len)
-        else:  # q_m (pad rows zeroed) and u_m = Σ_k E_mk k_k over the keys row m sees, heads concatenated
+        if query is None and state:
+            raise ValueError("incremental horizontal routing needs the queries and keys of the logits")
+        keep = self.causal and query is not None and new_state is not None
+        # short keys (K <= d) or a bare cube: the capsules themselves are the cheaper factors
+        rows = None
+        if query is None or (not state and k_len <= query.size(-1)):
+            rows = logits.reshape(bsz, q_len, heads * k_len)
+        if query is not None and (rows is None or keep):
+            # q_m (pad rows zeroed) and u_m = Σ_k E_mk k_k over the keys row m sees, heads concatenated
             valid = (counts > 0).to(logits.dtype).view(bsz, 1, q_len, 1)
             q_rows = (query * valid).transpose(1, 2).reshape(bsz, q_len, -1)
             u_rows = torch.matmul(logits.transpose(1, 2), key).transpose(1, 2).reshape(bsz, q_len, -1)
@@ -303,12 +379,13 @@ class CapsuleRouting(nn.Module):
             u_rows = torch.cat([state["horizontal_u"], u_rows], dim=1)
             row_counts = torch.cat([state["horizontal_counts"], row_counts], dim=1)
             gram = grow_gram(state["horizontal_gram"], u_rows, q_rows)
-            q_t = torch.cat([state["horizontal_qt"], q_rows.transpose(1, 2)], dim=2)
+            q_rows = torch.cat([state["horizontal_q"], q_rows], dim=1)
+        elif rows is not None:
+            gram = torch.bmm(rows, rows.transpose(1, 2))
         else:
             gram = factored_gram(u_rows, q_rows)
-            q_t = q_rows.transpose(1, 2)
-        if self.causal and query is not None and new_state is not None:
-            new_state.update(horizontal_gram=gram, horizontal_u=u_rows, horizontal_qt=q_t.contiguous(),
+        if keep:
+            new_state.update(horizontal_gram=gram, horizontal_u=u_rows, horizontal_q=q_rows,
                              horizontal_counts=row_counts)
         total = past + q_len
         m_pos = torch.arange(total, device=logits.device)
@@ -325,18 +402,16 @@ class CapsuleRouting(nn.Module):
         size = self._size(counts.to(logits.dtype) * heads)  # (B, Q): entries of output capsule n
         weights, couplings = dynamic_routing(gram, init, self.iters, size, out_dim=-2, visible=visible)
         wt = weights.transpose(1, 2)  # (B, Q, M): Ω_n = Σ_m w_mn C_m
-        if query is None:
-            omega = torch.bmm(wt, q_rows)
+        if rows is not None:
+            omega = torch.bmm(wt, rows)
         elif not (self.causal and keys_are_rows):  # all rows see the same keys: Ω_h = (Wᵀ Q_h) K_hᵀ
-            wq = torch.bmm(wt, q_t.transpose(1, 2)).view(bsz, q_len, heads, -1).transpose(1, 2)
+            wq = torch.bmm(wt, q_rows).view(bsz, q_len, heads, -1).transpose(1, 2)
             omega = torch.matmul(wq, key.transpose(2, 3)).transpose(1, 2)
         elif not past:  # full causal self-attention pass: Ω_h = Wᵀ E_h
-            omega = torch.matmul(wt.unsqueeze(1), logits.transpose(1, 2)).transpose(1, 2)
+            omega = matmul_lower(wt.unsqueeze(1), logits.transpose(1, 2)).transpose(1, 2)  # both triangular
         else:  # decoding, row m sees keys <= m: Ω_h[n, k] = k_k · Σ_{m >= k} w_mn q_m (a suffix sum)
-            x = q_t.unsqueeze(2) * wt.unsqueeze(1)  # (B, D, Q, M), summed over rows m >= k
-            prefix = x.cumsum(-1)  # along the last dim: torch's fast scan
-            suffix = (prefix[..., -1:] - prefix + x).view(bsz, heads, -1, q_len, total)
-            omega = (suffix * key.transpose(2, 3).unsqueeze(3)).sum(2).transpose(1, 2)  # (B, Q, H, K)
+            sums = suffix_weighted_sums(wt, q_rows).view(bsz, q_len, total, heads, -1)
+            omega = (sums * key.transpose(1, 2).unsqueeze(1)).sum(-1).transpose(2, 3)  # (B, Q, H, K)
         return omega.reshape(bsz, q_len, heads, k_len), couplings
 
 
