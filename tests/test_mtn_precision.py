@@ -8,6 +8,7 @@ from tests.helpers import beam, precision
 from tests.helpers.host_sync import count_host_syncs
 from tests.helpers.models import build, prev_output, random_sentences
 from tests.test_mtn import _dictionary, _model, _session
+from tests.test_star_transformer_precision import syncs_while_decoding
 
 BASELINE = ["--encoder-layers", 1, "--decoder-layers", 1, "--encoder-embed-dim", 64, "--decoder-embed-dim", 64,
             "--encoder-ffn-embed-dim", 128, "--decoder-ffn-embed-dim", 128, "--encoder-attention-heads", 2,
@@ -54,12 +55,7 @@ def test_no_host_sync_in_training_forward_or_incremental_decoding():
     with count_host_syncs() as syncs:
         model(tokens, lengths, prev, session_layout=layout)[0].sum().backward()
     assert not syncs, f"host syncs in the training forward: {list(syncs)}"
-    model.eval()
-    with torch.no_grad(), count_host_syncs() as syncs:
-        enc = model.encoder(tokens, lengths, session_layout=layout)
-        state = {}
-        for t in range(4):
-            model.decoder(prev[:, :t + 1], encoder_out=enc, incremental_state=state)
+    syncs = syncs_while_decoding(model.eval(), prev, src_tokens=tokens, src_lengths=lengths, session_layout=layout)
     assert not syncs, f"host syncs in incremental decoding: {list(syncs)}"
     with count_host_syncs() as syncs:  # the check can fail: without a layout the encoder counts queries
         model.encoder(tokens, lengths)

@@ -134,6 +134,17 @@ def test_autocast_bf16_heads_and_nmt():
 
 
 # ------------------------------------------------------------------------------------------ host syncs
+def syncs_while_decoding(model, prev, steps=4, **encoder_input):
+    """Host syncs made by the plugin while encoding (``encoder_input``, if any) and decoding
+    ``steps`` tokens incrementally; shared by the FastTrees and MTN tests."""
+    with torch.no_grad(), count_host_syncs() as syncs:
+        encoder_out = model.encoder(**encoder_input) if encoder_input else None
+        state = {}
+        for t in range(steps):
+            model.decoder(prev[:, :t + 1], encoder_out=encoder_out, incremental_state=state)
+    return syncs
+
+
 @pytest.mark.parametrize("n", [40, 1100])
 def test_no_host_sync_in_training_forward(n):
     model, d = _star()
@@ -147,11 +158,7 @@ def test_no_host_sync_in_training_forward(n):
 def test_no_host_sync_in_nmt_encoding_and_incremental_decoding():
     model, d = build("star_transformer_nmt", NMT)
     tokens, lengths, prev = _nmt_batch(d)
-    with torch.no_grad(), count_host_syncs() as syncs:
-        enc = model.encoder(tokens, src_lengths=lengths)
-        state = {}
-        for t in range(4):
-            model.decoder(prev[:, :t + 1], encoder_out=enc, incremental_state=state)
+    syncs = syncs_while_decoding(model, prev, src_tokens=tokens, src_lengths=lengths)
     assert not syncs, f"host syncs: {list(syncs)}"
 
 
