@@ -4,11 +4,15 @@ import pytest
 import torch
 from fairseq.data import data_utils
 
-from tests.helpers import beam, precision
+from tests.helpers import beam, cli, precision
 from tests.helpers.host_sync import count_host_syncs
 from tests.helpers.models import build, prev_output, random_sentences
 from tests.test_fasttrees import TINY_LM, TINY_MT, VARIANTS
-from tests.test_star_transformer_precision import syncs_while_decoding
+from tests.test_star_transformer_precision import (
+    CPU_HALF_PRECISION,
+    assert_finite_half_precision_losses,
+    syncs_while_decoding,
+)
 
 SIZE = ["--dropout", 0, "--max-source-positions", 256, "--max-target-positions", 256]
 MT = ["--encoder-layers", 2, "--decoder-layers", 1, "--encoder-embed-dim", 32, "--decoder-embed-dim", 32,
@@ -182,3 +186,14 @@ def test_language_model_generator_scores_equal_teacher_forced_forward():
     model, d = build("fasttrees_transformer_lm", TINY_LM + VARIANTS["conv"], task="language_modeling")
     prefixes = [p[1:4] for p in _rows(d)[1]]
     beam.assert_generator_matches_forward(model, d, None, beam=4, prefix_list=prefixes)
+
+
+# ------------------------------------------------------------------------------------- through fairseq-train
+@CPU_HALF_PRECISION
+def test_fp16_fairseq_train_fasttrees_transformer(flags, toy_translation_bin, tmp_path):
+    out = cli.fairseq("train", toy_translation_bin, "--task", "translation", "--arch", "fasttrees_transformer",
+                      *cli.TINY_TRANSLATION_ARGS, "--chunk-size", 8, "--fasttrees-master", "conv", "--optimizer",
+                      "adam", "--lr", "1e-3", "--max-tokens", 1000, "--max-update", 5, "--no-save", "--save-dir",
+                      tmp_path, "--log-format", "simple", "--log-interval", 1, "--no-progress-bar", "--cpu",
+                      "--num-workers", 0, "--seed", 1, *flags)
+    assert_finite_half_precision_losses(out.stdout + out.stderr, 5)
