@@ -1,4 +1,4 @@
-"""FastTrees: scan = loop, gate structure, batching invariance, causality, incremental decoding, DDP, trees, errors."""
+"""FastTrees: scan = loop, gate structure, batching invariance, causality, DDP, trees, errors (incremental decoding with distinct beams, half precision and host syncs: test_fasttrees_precision.py)."""
 import pytest
 import torch
 
@@ -178,7 +178,6 @@ def test_translation_model_invariances(variant):
     tgts = [prev_output(t, d.eos()) for t in random_sentences(d, [7, 4, 6], seed=2)]
     invariance.assert_padding_invariant(model, srcs, tgts, d.pad())
     invariance.assert_decoder_causal(model, srcs[0], tgts[0], d.pad(), len(d))
-    invariance.assert_incremental_equals_full(model, srcs[1], tgts[0], d.pad())
 
 
 @pytest.mark.parametrize("variant", ["ffn", "conv"])
@@ -187,7 +186,6 @@ def test_language_model_invariances(variant):
     tgts = [prev_output(t, d.eos()) for t in random_sentences(d, [7, 4, 9], seed=2)]
     invariance.assert_padding_invariant(model, None, tgts, d.pad())
     invariance.assert_decoder_causal(model, None, tgts[2], d.pad(), len(d))
-    invariance.assert_incremental_equals_full(model, None, tgts[2], d.pad())
 
 
 def test_block_order_self_attention_fasttrees_ffn():

@@ -5,9 +5,16 @@ import torch
 from fairseq.data import data_utils
 
 from tests.helpers import beam, precision
+from tests.helpers.cli import fairseq
 from tests.helpers.host_sync import count_host_syncs
 from tests.helpers.models import build, prev_output, random_sentences
 from tests.test_mtn import _dictionary, _model, _session
+from tests.test_mtn_cli import TRAIN_ARGS, synthetic  # noqa: F401  (a fixture)
+from tests.test_star_transformer_precision import (
+    CPU_HALF_PRECISION,
+    assert_finite_half_precision_losses,
+    syncs_while_decoding,
+)
 
 BASELINE = ["--encoder-layers", 1, "--decoder-layers", 1, "--encoder-embed-dim", 64, "--decoder-embed-dim", 64,
             "--encoder-ffn-embed-dim", 128, "--decoder-ffn-embed-dim", 128, "--encoder-attention-heads", 2,
@@ -54,12 +61,7 @@ def test_no_host_sync_in_training_forward_or_incremental_decoding():
     with count_host_syncs() as syncs:
         model(tokens, lengths, prev, session_layout=layout)[0].sum().backward()
     assert not syncs, f"host syncs in the training forward: {list(syncs)}"
-    model.eval()
-    with torch.no_grad(), count_host_syncs() as syncs:
-        enc = model.encoder(tokens, lengths, session_layout=layout)
-        state = {}
-        for t in range(4):
-            model.decoder(prev[:, :t + 1], encoder_out=enc, incremental_state=state)
+    syncs = syncs_while_decoding(model.eval(), prev, src_tokens=tokens, src_lengths=lengths, session_layout=layout)
     assert not syncs, f"host syncs in incremental decoding: {list(syncs)}"
     with count_host_syncs() as syncs:  # the check can fail: without a layout the encoder counts queries
         model.encoder(tokens, lengths)
@@ -126,3 +128,32 @@ def test_sequence_generator_scores_equal_teacher_forced_forward():
     srcs, _ = _beam_rows(d)
     sizes = beam.assert_generator_matches_forward(model, d, srcs, beam=4, max_len=8)
     assert sizes, "beam search never reordered its state"
+
+
+# ------------------------------------------------------------------------------------- through fairseq-train
+@CPU_HALF_PRECISION
+def test_fp16_fairseq_train_mtn(flags, synthetic, tmp_path):
+    """The task's collater adds the session layout; the model trains in float16 with it."""
+    out = fairseq("train", synthetic / "bin", "--arch", "mtn_tiny", "--max-update", 5, "--no-save", "--save-dir",
+                  tmp_path, *TRAIN_ARGS, "--log-interval", 1, *flags)
+    assert_finite_half_precision_losses(out.stdout + out.stderr, 5)
+
+
+def test_task_collater_adds_the_session_layout(synthetic):
+    from fairseq import options, tasks
+    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+
+    args = options.parse_args_and_arch(options.get_training_parser(), [
+        str(synthetic / "bin"), "--task", "query_suggestion", "--arch", "mtn_tiny", "--max-query-length", "12"])
+    cfg = convert_namespace_to_omegaconf(args)
+    task = tasks.setup_task(cfg.task)
+    task.load_dataset("valid")
+    data = task.dataset("valid")
+    net_input = data.collater([data[i] for i in range(6)])["net_input"]
+    model = task.build_model(cfg.model).eval()
+    expected = model.encoder.layout(net_input["src_tokens"])
+    assert all(torch.equal(net_input["session_layout"][k], v) for k, v in expected.items())
+    with torch.no_grad():
+        with_layout = model(**net_input)[0]
+        net_input.pop("session_layout")
+        assert torch.equal(with_layout, model(**net_input)[0])

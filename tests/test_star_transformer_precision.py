@@ -1,11 +1,14 @@
 """Star-Transformer on a GPU's terms: float16 / bfloat16 / autocast for every head (classification,
 CRF tagging, NLI, star_transformer_nmt), no host sync in the forward pass, and beam search of
 star_transformer_nmt checked with distinct beams."""
+import math
+import re
+
 import pytest
 import torch
 from fairseq.data import data_utils
 
-from tests.helpers import beam, precision
+from tests.helpers import beam, cli, precision
 from tests.helpers.host_sync import count_host_syncs
 from tests.helpers.models import build, prev_output, random_sentences, toy_dictionary
 
@@ -134,6 +137,17 @@ def test_autocast_bf16_heads_and_nmt():
 
 
 # ------------------------------------------------------------------------------------------ host syncs
+def syncs_while_decoding(model, prev, steps=4, **encoder_input):
+    """Host syncs made by the plugin while encoding (``encoder_input``, if any) and decoding
+    ``steps`` tokens incrementally; shared by the FastTrees and MTN tests."""
+    with torch.no_grad(), count_host_syncs() as syncs:
+        encoder_out = model.encoder(**encoder_input) if encoder_input else None
+        state = {}
+        for t in range(steps):
+            model.decoder(prev[:, :t + 1], encoder_out=encoder_out, incremental_state=state)
+    return syncs
+
+
 @pytest.mark.parametrize("n", [40, 1100])
 def test_no_host_sync_in_training_forward(n):
     model, d = _star()
@@ -147,11 +161,7 @@ def test_no_host_sync_in_training_forward(n):
 def test_no_host_sync_in_nmt_encoding_and_incremental_decoding():
     model, d = build("star_transformer_nmt", NMT)
     tokens, lengths, prev = _nmt_batch(d)
-    with torch.no_grad(), count_host_syncs() as syncs:
-        enc = model.encoder(tokens, src_lengths=lengths)
-        state = {}
-        for t in range(4):
-            model.decoder(prev[:, :t + 1], encoder_out=enc, incremental_state=state)
+    syncs = syncs_while_decoding(model, prev, src_tokens=tokens, src_lengths=lengths)
     assert not syncs, f"host syncs: {list(syncs)}"
 
 
@@ -165,6 +175,32 @@ def test_too_long_input_still_named():
     with pytest.raises(ValueError, match="input of 66 tokens"):
         model(left[:, 2:], classification_head_name="cls")  # 64 columns: no check, 64 positions fit
         model(left, classification_head_name="cls")
+
+
+# ------------------------------------------------------------------------------------- through fairseq-train
+# fairseq 0.12.3's half-precision training paths that run on CPU (--fp16 alone needs CUDA for its
+# flattened gradients; a gradient overflow calls .cuda(), hence loss scale 1)
+CPU_HALF_PRECISION = pytest.mark.parametrize("flags", [
+    ["--memory-efficient-fp16", "--fp16-init-scale", 1], ["--fp16", "--fp16-no-flatten-grads", "--fp16-init-scale", 1]],
+    ids=["memory_efficient_fp16", "fp16_no_flatten_grads"])
+
+
+def assert_finite_half_precision_losses(stdout, updates):
+    """fairseq-train's log (``--log-interval 1``): a finite loss for each of ``updates`` updates, in float16."""
+    lines = [line for line in stdout.splitlines() if "train_inner" in line]
+    losses = [float(re.search(r"loss=([^,]+),", line).group(1)) for line in lines]
+    assert len(losses) == updates and all(math.isfinite(x) for x in losses), stdout[-3000:]
+    assert all("loss_scale=1," in line for line in lines), "not the fp16 trainer"
+    return losses
+
+
+@CPU_HALF_PRECISION
+def test_fp16_fairseq_train_star_transformer_nmt(flags, toy_translation_bin, tmp_path):
+    out = cli.fairseq("train", toy_translation_bin, "--task", "translation", "--arch", "star_transformer_nmt", *NMT[:-2],
+                      "--optimizer", "adam", "--lr", "1e-3", "--max-tokens", 1000, "--max-update", 5, "--no-save",
+                      "--save-dir", tmp_path, "--log-format", "simple", "--log-interval", 1, "--no-progress-bar",
+                      "--cpu", "--num-workers", 0, "--seed", 1, *flags)
+    assert_finite_half_precision_losses(out.stdout + out.stderr, 5)
 
 
 # ---------------------------------------------------------------------------------------- beam search

@@ -133,8 +133,8 @@ def _wide(x):
 def cumax(x, dim=-1):
     """ON-LSTM's cumulative softmax, ``cumsum(softmax(x))``: monotone from ~0 to exactly 1.
 
-    Summed in float32 for half-precision inputs (a float16 running sum drifts off 1)."""
-    return torch.cumsum(F.softmax(_wide(x), dim=dim), dim=dim).to(x.dtype)
+    In float32 for half-precision inputs (and returned so): a float16 running sum drifts off 1."""
+    return torch.cumsum(F.softmax(_wide(x), dim=dim), dim=dim)
 
 
 # --------------------------------------------------------------------------- scans
@@ -322,7 +322,9 @@ class FastTreesSublayer(nn.Module):
         if self.record_distance:
             fwd = f_master[:, :, : self.n_chunk // self.ndir]
             self.distance = (1.0 - fwd.mean(-1)).t().detach()  # (B, T)
-        o, c_hat, i, f = self.gates(x).chunk(4, dim=-1)
+        # the gate arithmetic in float32 for half-precision inputs: forget gates near 1 multiply up
+        # over the whole sequence, and 1 - f̂ has only a few bits left in bfloat16
+        o, c_hat, i, f = _wide(self.gates(x)).chunk(4, dim=-1)
         shape = (T, B, self.n_chunk, self.chunk_size)
         o, i, f = torch.sigmoid(o), torch.sigmoid(i).view(shape), torch.sigmoid(f).view(shape)
         c_hat = torch.tanh(c_hat).view(shape)
@@ -337,9 +339,9 @@ class FastTreesSublayer(nn.Module):
             f_hat = f_hat.masked_fill(pad, 1.0)
         if self.opts.no_recurrence:
             c = b
-        else:  # the cell sums over up to T steps: float32 in half precision (and in the state)
-            c = self._recur(_wide(f_hat), _wide(b), incremental_state).to(b.dtype)
-        return o * torch.tanh(c)
+        else:
+            c = self._recur(f_hat, b, incremental_state)
+        return (o * torch.tanh(c)).to(x.dtype)
 
     def _recur(self, f_hat, b, incremental_state):
         c0 = None
