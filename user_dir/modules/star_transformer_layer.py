@@ -514,7 +514,7 @@ class RingAttention(_Projections):
         if ring.left_missing is not None:
             s_left = s_left.masked_fill(ring.left_missing, float("-inf"))
             s_right = s_right.masked_fill(ring.right_missing, float("-inf"))
-        probs = torch.stack([s_left, s_self, s_right, s_e, s_s], -1).softmax(-1)  # B n H 5
+        probs = _softmax(torch.stack([s_left, s_self, s_right, s_e, s_s], -1))  # B n H 5
         probs = F.dropout(probs, self.attention_dropout, self.training)
         p = probs.unsqueeze(-1)
         out = p[..., 1, :] * v + p[..., 3, :] * v_e + p[..., 4, :] * v_s
@@ -559,7 +559,7 @@ class RelayAttention(_Projections):
         score_relay = torch.matmul(k_s, q.unsqueeze(-1)).squeeze(-1)  # B H 1
         if pad_mask is not None:
             scores_nodes = scores_nodes.masked_fill(pad_mask[:, None, :], float("-inf"))
-        probs = torch.cat([score_relay, scores_nodes], -1).softmax(-1)  # B H 1+n
+        probs = _softmax(torch.cat([score_relay, scores_nodes], -1))  # B H 1+n (float32 in half precision)
         probs = F.dropout(probs, self.attention_dropout, self.training)
         p_relay, p_nodes = probs[..., :1], probs[..., 1:]
         context = torch.einsum("bhn,bnd->bhd", p_nodes, nodes)
