@@ -136,6 +136,27 @@ def test_autocast_bf16_heads_and_nmt():
     precision.assert_autocast_backward(nmt, lambda m: m(tokens, lengths, prev)[0])
 
 
+def test_padded_long_batch_runs_in_blocks_with_the_same_outputs(monkeypatch):
+    """A padded batch of n 1100 goes through the 512-row blocks (it used to need a padding-free
+    batch) and gives the one-block outputs and gradients."""
+    from user_dir.modules.star_transformer_layer import _RingCore
+
+    model, d = _star()
+    tokens, _ = _tokens(d, [1100, 700, 1], left_pad=True)
+    results, project = [], _RingCore._project
+    for rows in (512, 4096):
+        monkeypatch.setattr(_RingCore, "block_rows", rows)
+        calls = []
+        monkeypatch.setattr(_RingCore, "_project", staticmethod(lambda *a: calls.append(1) or project(*a)))
+        model.zero_grad()
+        out = model(tokens, classification_head_name="cls")[0]
+        out.sum().backward()
+        results.append((out.detach(), model.encoder.star.cycles[0].ring_attn.k_proj.weight.grad.clone(), len(calls)))
+    (blocked, g_blocked, calls_blocked), (whole, g_whole, calls_whole) = results
+    assert calls_blocked == 3 * calls_whole  # 3 blocks per forward and per backward, each cycle
+    assert torch.allclose(blocked, whole, atol=1e-5) and torch.allclose(g_blocked, g_whole, atol=1e-4)
+
+
 # ------------------------------------------------------------------------------------------ host syncs
 def syncs_while_decoding(model, prev, steps=4, **encoder_input):
     """Host syncs made by the plugin while encoding (``encoder_input``, if any) and decoding

@@ -31,14 +31,16 @@ def batches(data, max_query_length, n, max_tokens):
     return task, [next(itr) for _ in range(n)]
 
 
-def step_fn(model):
+def step_fn(model, layout=False):
+    """An Adam step on a batch; with ``layout`` the model also gets the collater's ``session_layout`` (MTN)."""
     import torch
 
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
 
     def step(sample):
         net = sample["net_input"]
-        logits = model(net["src_tokens"], net["src_lengths"], net["prev_output_tokens"])[0]
+        extra = {"session_layout": net["session_layout"]} if layout else {}
+        logits = model(net["src_tokens"], net["src_lengths"], net["prev_output_tokens"], **extra)[0]
         loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.size(-1)), sample["target"].reshape(-1),
                                                  ignore_index=1, label_smoothing=0.1)
         opt.zero_grad()
@@ -62,7 +64,8 @@ def main(argv=None):
     torch.set_num_threads(1)
     task, samples = batches(args.data, args.max_query_length, args.batches, args.max_tokens)
     mtn, flat, _ = build_pair(task.source_dictionary, args.max_query_length, args.levels)
-    steps = {"mtn": step_fn(mtn.train()), "transformer": step_fn(flat.train())}
+    steps = {"mtn": step_fn(mtn.train(), layout="session_layout" in samples[0]["net_input"]),
+             "transformer": step_fn(flat.train())}
     for step in steps.values():  # warm-up
         step(samples[0])
     times = {name: [] for name in steps}

@@ -217,10 +217,11 @@ class _RingCore(torch.autograd.Function):
     projections q, k, v, k(e), v(e) (five n x d x d products) and the attention output,
     instead of keeping those six n x d tensors alive between forward and backward.
 
-    Blocks along n: a long padding-free input (``n > block_rows``, no attention
-    dropout) is processed ``block_rows`` positions at a time, forward and backward, each
-    block with one (forward) or two (backward) halo rows per side taken from its ring
-    neighbours (wrapping around for a closed ring).  Every value is computed by the same
+    Blocks along n: a long input, padded or not (``n > block_rows``, no attention
+    dropout), is processed ``block_rows`` positions at a time, forward and backward, each
+    block with one (forward) or two (backward) halo rows per side taken from its
+    neighbours, and for a closed ring copies of each sentence's wrapped neighbours
+    (:class:`_BlockRing`).  Every value is computed by the same
     formulas as without blocks; only the working set changes — a block's projections,
     scores and gradients stay in the CPU caches instead of streaming n x d temporaries
     through memory, which made the time per token grow with n.
@@ -273,11 +274,9 @@ class _RingCore(torch.autograd.Function):
         return torch.stack([h[ring.rows, ring.last], h[ring.rows, ring.first]], 1)
 
     @staticmethod
-    def _block_inputs(x, e, rows, ring, partners):
-        """The block's rows of h and e (with a closed ring: the separator and the partner copies)."""
-        if isinstance(ring, _BlockRing):
-            return ring._rows(x[:, rows], 0.0, partners), ring._rows(e[:, rows], 0.0)
-        return x[:, rows], e[:, rows]
+    def _block_rows(x, rows, ring, partners=None):
+        """The block's rows of x (with a closed ring: the separator, then the partner copies or zeros)."""
+        return ring._rows(x[:, rows], 0.0, partners) if isinstance(ring, _BlockRing) else x[:, rows]
 
     @staticmethod
     def _block_project(ring, *args):
@@ -316,7 +315,7 @@ class _RingCore(torch.autograd.Function):
             probs = torch.empty(B, n, heads, 5, dtype=h.dtype, device=h.device)
             y = torch.empty(B, n, wo.shape[0], dtype=h.dtype, device=h.device)
         for a, c, rows, lo, bring in _RingCore._blocks(n, ring, blocked, 1):
-            h_b, e_b = _RingCore._block_inputs(h, emb, rows, bring, partners)
+            h_b, e_b = _RingCore._block_rows(h, rows, bring, partners), _RingCore._block_rows(emb, rows, bring)
             q, k, v, ke, ve, ks, vs = _RingCore._block_project(bring, h_b, e_b, relay, wq, bq, wk, bk, wv, bv,
                                                                heads, head_dim)
             p = _RingCore._probs(q, k, ke, ks, bring)
@@ -348,9 +347,8 @@ class _RingCore(torch.autograd.Function):
         with torch.no_grad():
             for a, c, rows, lo, ring in _RingCore._blocks(n, ctx.ring, ctx.blocked, 2):
                 m, keep = c - a, slice(lo, lo + c - a)
-                h_b, e_b = _RingCore._block_inputs(h, emb, rows, ring, partners)
-                probs, pd, gy_b = (_RingCore._block_inputs(x, x, rows, ring, None)[1]
-                                   for x in (probs_all, pd_all, gy))  # zeros at the appended rows
+                h_b = _RingCore._block_rows(h, rows, ring, partners)
+                e_b, probs, pd, gy_b = (_RingCore._block_rows(x, rows, ring) for x in (emb, probs_all, pd_all, gy))
                 nb = h_b.shape[1]
                 q, k, v, ke, ve, ks, vs = _RingCore._block_project(ring, h_b, e_b, relay, wq, bq, wk, bk, wv, bv,
                                                                    H, dh)
@@ -514,7 +512,7 @@ class RingAttention(_Projections):
         if ring.left_missing is not None:
             s_left = s_left.masked_fill(ring.left_missing, float("-inf"))
             s_right = s_right.masked_fill(ring.right_missing, float("-inf"))
-        probs = torch.stack([s_left, s_self, s_right, s_e, s_s], -1).softmax(-1)  # B n H 5
+        probs = _softmax(torch.stack([s_left, s_self, s_right, s_e, s_s], -1))  # B n H 5
         probs = F.dropout(probs, self.attention_dropout, self.training)
         p = probs.unsqueeze(-1)
         out = p[..., 1, :] * v + p[..., 3, :] * v_e + p[..., 4, :] * v_s
@@ -559,7 +557,7 @@ class RelayAttention(_Projections):
         score_relay = torch.matmul(k_s, q.unsqueeze(-1)).squeeze(-1)  # B H 1
         if pad_mask is not None:
             scores_nodes = scores_nodes.masked_fill(pad_mask[:, None, :], float("-inf"))
-        probs = torch.cat([score_relay, scores_nodes], -1).softmax(-1)  # B H 1+n
+        probs = _softmax(torch.cat([score_relay, scores_nodes], -1))  # B H 1+n (float32 in half precision)
         probs = F.dropout(probs, self.attention_dropout, self.training)
         p_relay, p_nodes = probs[..., :1], probs[..., 1:]
         context = torch.einsum("bhn,bnd->bhd", p_nodes, nodes)
