@@ -436,3 +436,21 @@ def test_nli_pair_features(features):
     torch.testing.assert_close(logits, expected[features], rtol=0, atol=1e-6)
     other = "mult" if features == "paper" else "paper"
     assert (logits - expected[other]).abs().max() > 1e-4
+
+
+def test_nli_checkpoint_without_features_flag_keeps_mult():
+    """A checkpoint saved before --nli-features (its config lacks the key) was trained on r1*r2:
+    loading it switches the NLI head to ``mult``; a config that has the key is obeyed."""
+    from omegaconf import open_dict
+
+    from tests.helpers.models import parse_cfg
+
+    model, _ = build("star_transformer", TINY)
+    model.register_classification_head("nli", num_classes=3, input_multiplier=4)
+    saved = parse_cfg("star_transformer", extra=TINY + ["--user-dir", "user_dir"]).model
+    model.load_state_dict(model.state_dict(), model_cfg=saved)
+    assert model.cfg.nli_features == "paper"
+    with open_dict(saved):
+        del saved["nli_features"]
+    model.load_state_dict(model.state_dict(), model_cfg=saved)
+    assert model.cfg.nli_features == "mult"

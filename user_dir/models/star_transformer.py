@@ -348,6 +348,16 @@ class StarTransformerModel(FairseqEncoderModel):
             r = torch.cat([r, r2, (r - r2).abs(), r - r2 if self.cfg.nli_features == "paper" else r * r2], -1)
         return self.classification_heads[classification_head_name](r), extra
 
+    def load_state_dict(self, state_dict, strict=True, model_cfg=None, args=None):
+        """A checkpoint whose saved config predates ``--nli-features`` was trained on the
+        ``mult`` features ([r1; r2; |r1-r2|; r1*r2]); its NLI head keeps reading them."""
+        if (model_cfg is not None and "nli_features" not in model_cfg and self.cfg.nli_features != "mult"
+                and len(self.classification_heads) > 0):
+            logger.warning("checkpoint config has no nli_features (saved before --nli-features existed): "
+                           "using --nli-features mult, the features it was trained with")
+            self.cfg.nli_features = "mult"
+        return super().load_state_dict(state_dict, strict=strict, model_cfg=model_cfg, args=args)
+
     def upgrade_state_dict_named(self, state_dict, name):
         super().upgrade_state_dict_named(state_dict, name)
         # keep heads the task registered but the checkpoint lacks (and vice versa)
