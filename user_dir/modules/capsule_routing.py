@@ -153,8 +153,8 @@ def dynamic_routing(gram, init_logits: Tensor, iters: int, size: Tensor,
             couplings = couplings * visible
         if couplings.dim() == 2:  # the shared initial logits, first iteration
             couplings = couplings.expand(gram.size(0), -1, -1)
-        if couplings.size(-1) == 1:  # one output (a decoding step): G c without a slow batched gemv
-            agree = (gram * couplings.transpose(1, 2)).sum(-1, keepdim=True)
+        if couplings.size(-1) == 1:  # one output (a decoding step): (cᵀ G)ᵀ, G being symmetric, is the
+            agree = torch.bmm(couplings.transpose(1, 2), gram).transpose(1, 2)  # fast form of G c on CPU
         elif visible is not None:  # causal: c_mn = 0 for m > n
             agree = matmul_upper(gram, couplings)
         else:
@@ -196,15 +196,17 @@ def _upper_ones(size: int, dtype: torch.dtype, device: torch.device) -> Tensor:
     return torch.ones(size, size, dtype=dtype, device=device).triu()
 
 
-def suffix_weighted_sums(w: Tensor, rows: Tensor, block: int = 64) -> Tensor:
+def suffix_weighted_sums(w: Tensor, rows: Tensor, block: int = 16) -> Tensor:
     """``S[b, n, k] = Σ_{m ≥ k} w[b, n, m] rows[b, m]`` for ``w`` ``(B, Q, M)``, ``rows`` ``(B, M, D)``.
 
     In blocks of ``block`` rows: a triangular product inside each block and a suffix sum of
-    the block totals across blocks, ``O(Q·M·block·D)``: linear in ``M``, as matrix products.
+    the block totals across blocks, ``O(Q·M·block·D)``: linear in ``M``, as matrix products
+    (one block up to ``3·block`` rows).
     Returns ``(B, Q, M, D)``.
     """
     bsz, q_len, size = w.shape
-    block = min(block, size)
+    if size <= 3 * block:  # short: one triangular product is cheaper than blocks, padding and a scan
+        block = size
     blocks = -(-size // block)
     pad = blocks * block - size
     if pad:
@@ -241,9 +243,12 @@ def grow_gram(gram: Tensor, u: Tensor, q_new: Tensor) -> Tensor:
     else:
         cols = torch.bmm(u, q_new.transpose(1, 2))  # (B, M, Q): u_m · q_n, right for m <= n
     block = cols[:, past:]
-    block = block.triu() + block.triu(1).transpose(1, 2)
-    side = cols[:, :past]
-    return torch.cat([torch.cat([gram, side], dim=2), torch.cat([side.transpose(1, 2), block], dim=2)], dim=1)
+    new = cols.size(1) - past
+    grown = F.pad(gram, (0, new, 0, new))  # one copy of the kept Gram, then the new rows and columns
+    grown[:, :past, past:] = cols[:, :past]
+    grown[:, past:, :past] = cols[:, :past].transpose(1, 2)
+    grown[:, past:, past:] = block.triu() + block.triu(1).transpose(1, 2)
+    return grown
 
 
 class CapsuleRouting(nn.Module):
