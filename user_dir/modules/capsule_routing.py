@@ -389,10 +389,19 @@ class CapsuleRouting(nn.Module):
             gram = torch.bmm(rows, rows.transpose(1, 2))
         else:
             gram = factored_gram(u_rows, q_rows)
+        total = past + q_len
+        # causal self-attention decoding keeps the logit rows too while they are no longer than the head
+        # width d (then Ω = Wᵀ rows is the cheaper form, at O(H·d²) per token); beyond, the suffix sums
+        short = self.causal and keys_are_rows and query is not None and total <= query.size(-1)
+        if short and past:
+            kept = state["horizontal_rows"]
+            kept = F.pad(kept, (0, k_len - kept.size(-1)))  # earlier rows saw fewer keys: 0 beyond
+            rows = torch.cat([kept, logits], dim=1).view(bsz, total, heads * k_len)
         if keep:
             new_state.update(horizontal_gram=gram, horizontal_u=u_rows, horizontal_q=q_rows,
                              horizontal_counts=row_counts)
-        total = past + q_len
+            if short:
+                new_state["horizontal_rows"] = rows.view(bsz, total, heads, k_len)
         m_pos = torch.arange(total, device=logits.device)
         n_pos = torch.arange(past, total, device=logits.device)
         rel = (n_pos.unsqueeze(0) - m_pos.unsqueeze(1)).clamp(-self.max_distance, self.max_distance)
