@@ -390,9 +390,10 @@ class CapsuleRouting(nn.Module):
         else:
             gram = factored_gram(u_rows, q_rows)
         total = past + q_len
-        # causal self-attention decoding keeps the logit rows too while they are no longer than the head
-        # width d (then Ω = Wᵀ rows is the cheaper form, at O(H·d²) per token); beyond, the suffix sums
-        short = self.causal and keys_are_rows and query is not None and total <= query.size(-1)
+        # causal self-attention decoding keeps the logit rows too while they are no longer than twice the
+        # head width d (H·M² <= 2·M·D: then Ω = Wᵀ rows is the cheaper form, O(H·d²) per token); beyond,
+        # the suffix sums
+        short = self.causal and keys_are_rows and query is not None and total <= 2 * query.size(-1)
         if short and past:
             kept = state["horizontal_rows"]
             kept = F.pad(kept, (0, k_len - kept.size(-1)))  # earlier rows saw fewer keys: 0 beyond
