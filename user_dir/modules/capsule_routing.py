@@ -231,17 +231,10 @@ def factored_gram(u: Tensor, q: Tensor) -> Tensor:
     return x.triu() + x.triu(1).transpose(1, 2)
 
 
-def grow_gram(gram: Tensor, u: Tensor, q_new: Tensor) -> Tensor:
-    """The Gram of :func:`factored_gram` for ``M = P + Q`` rows from the kept ``(B, P, P)`` one.
-
-    ``u``: ``(B, M, D)`` all rows' ``u``; ``q_new``: ``(B, Q, D)`` the new rows' ``q``.  Only
-    the new columns are computed: ``O(M·Q·D)``.
-    """
+def grow_gram(gram: Tensor, cols: Tensor) -> Tensor:
+    """The ``(B, M, M)`` Gram of ``M = P + Q`` rows from the kept ``(B, P, P)`` one and the new
+    rows' columns ``cols`` ``(B, M, Q)`` (``G_mn`` for new ``n``, right for ``m <= n``)."""
     past = gram.size(1)
-    if q_new.size(1) == 1:  # a decoding step: u_m · q_n as a product-sum (a batched gemv is slow on CPU)
-        cols = (u * q_new).sum(-1, keepdim=True)
-    else:
-        cols = torch.bmm(u, q_new.transpose(1, 2))  # (B, M, Q): u_m · q_n, right for m <= n
     block = cols[:, past:]
     new = cols.size(1) - past
     grown = F.pad(gram, (0, new, 0, new))  # one copy of the kept Gram, then the new rows and columns
@@ -369,40 +362,50 @@ class CapsuleRouting(nn.Module):
         if query is None and state:
             raise ValueError("incremental horizontal routing needs the queries and keys of the logits")
         keep = self.causal and query is not None and new_state is not None
-        # short keys (K <= d) or a bare cube: the capsules themselves are the cheaper factors
-        rows = None
-        if query is None or (not state and k_len <= query.size(-1)):
-            rows = logits.reshape(bsz, q_len, heads * k_len)
-        if query is not None and (rows is None or keep):
-            # q_m (pad rows zeroed) and u_m = Σ_k E_mk k_k over the keys row m sees, heads concatenated
+        past = state["horizontal_gram"].size(1) if "horizontal_gram" in state else 0
+        total = past + q_len
+        # decoder self-attention keeps its logit rows while H·M² <= 2·M·D (M <= 2d): there they are the
+        # cheaper state (Ω = Wᵀ rows, O(H·d²) per token); beyond, u_m and the suffix sums
+        keep_rows = keep and keys_are_rows and total <= 2 * query.size(-1)
+        rows = None  # the capsules themselves: a bare cube, short keys (K <= d), or kept rows
+        if query is None or (not past and k_len <= query.size(-1)) or keep_rows or "horizontal_rows" in state:
+            rows = logits
+            if "horizontal_rows" in state:  # earlier rows saw fewer keys: 0 beyond
+                kept = state["horizontal_rows"]
+                rows = torch.cat([F.pad(kept, (0, k_len - kept.size(-1))), logits], dim=1)
+            rows = rows.reshape(bsz, total, heads * k_len)
+        if query is not None:  # q_m, pad rows zeroed, heads concatenated
             valid = (counts > 0).to(logits.dtype).view(bsz, 1, q_len, 1)
-            q_rows = (query * valid).transpose(1, 2).reshape(bsz, q_len, -1)
-            u_rows = torch.matmul(logits.transpose(1, 2), key).transpose(1, 2).reshape(bsz, q_len, -1)
-        past = 0
-        if "horizontal_gram" in state:  # decoding: the kept Gram grows by the new rows' columns
-            past = state["horizontal_gram"].size(1)
-            u_rows = torch.cat([state["horizontal_u"], u_rows], dim=1)
+            q_new = (query * valid).transpose(1, 2).reshape(bsz, q_len, -1)
+            q_rows = torch.cat([state["horizontal_q"], q_new], dim=1) if past else q_new
+        if past:
             row_counts = torch.cat([state["horizontal_counts"], row_counts], dim=1)
-            gram = grow_gram(state["horizontal_gram"], u_rows, q_rows)
-            q_rows = torch.cat([state["horizontal_q"], q_rows], dim=1)
+        if query is not None and (rows is None or (keep and not keep_rows)):
+            # u_m = Σ_k E_mk k_k over the keys row m sees: for the factored Gram, and kept once rows are not
+            if "horizontal_u" in state:
+                u_new = torch.matmul(logits.transpose(1, 2), key).transpose(1, 2).reshape(bsz, q_len, -1)
+                u_rows = torch.cat([state["horizontal_u"], u_new], dim=1)
+            else:  # all rows at once (a full pass, or when decoding stops keeping the logit rows)
+                cube = logits if rows is None else rows.view(bsz, total, heads, k_len)
+                u_rows = torch.matmul(cube.transpose(1, 2), key).transpose(1, 2).reshape(bsz, total, -1)
+        if past:  # decoding: the kept Gram grows by the new rows' columns
+            if rows is not None:
+                cols = torch.bmm(rows[:, past:], rows.transpose(1, 2)).transpose(1, 2)
+            elif q_len == 1:  # u_m · q_n as a product-sum (a batched gemv is slow on CPU)
+                cols = (u_rows * q_new).sum(-1, keepdim=True)
+            else:
+                cols = torch.bmm(u_rows, q_new.transpose(1, 2))
+            gram = grow_gram(state["horizontal_gram"], cols)
         elif rows is not None:
             gram = torch.bmm(rows, rows.transpose(1, 2))
         else:
             gram = factored_gram(u_rows, q_rows)
-        total = past + q_len
-        # causal self-attention decoding keeps the logit rows too while they are no longer than twice the
-        # head width d (H·M² <= 2·M·D: then Ω = Wᵀ rows is the cheaper form, O(H·d²) per token); beyond,
-        # the suffix sums
-        short = self.causal and keys_are_rows and query is not None and total <= 2 * query.size(-1)
-        if short and past:
-            kept = state["horizontal_rows"]
-            kept = F.pad(kept, (0, k_len - kept.size(-1)))  # earlier rows saw fewer keys: 0 beyond
-            rows = torch.cat([kept, logits], dim=1).view(bsz, total, heads * k_len)
         if keep:
-            new_state.update(horizontal_gram=gram, horizontal_u=u_rows, horizontal_q=q_rows,
-                             horizontal_counts=row_counts)
-            if short:
+            new_state.update(horizontal_gram=gram, horizontal_q=q_rows, horizontal_counts=row_counts)
+            if keep_rows:
                 new_state["horizontal_rows"] = rows.view(bsz, total, heads, k_len)
+            else:
+                new_state["horizontal_u"] = u_rows
         m_pos = torch.arange(total, device=logits.device)
         n_pos = torch.arange(past, total, device=logits.device)
         rel = (n_pos.unsqueeze(0) - m_pos.unsqueeze(1)).clamp(-self.max_distance, self.max_distance)
