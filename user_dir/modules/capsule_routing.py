@@ -68,8 +68,9 @@ Reconstruction decisions (the paper's equations are not available)
    of forming the ``(M × H·K)`` capsules (``O(H·M³)``).  ``Ω = Σ_m w_mn C_m`` is
    ``(Wᵀ Q_h) K_hᵀ`` when all rows see the same keys, ``Wᵀ E_h`` in a causal
    self-attention pass, and ``k_k · Σ_{m≥k} w_mn q_m`` (a suffix sum) while decoding.
-   Decoding keeps ``G``, ``u_m`` and ``q_m`` of the earlier rows and grows ``G`` by one
-   column per token: the past logit rows are never kept or re-padded.
+   Decoding keeps ``G`` (grown by one column per token) and ``q_m`` of the earlier rows,
+   plus, in decoder self-attention, their logit rows while the target is at most twice
+   the head width (``H·M² ≤ 2·M·D``: the cheaper state there) and ``u_m`` beyond.
 9. *Half precision.*  Gram matrices sum squared logits over whole capsules (a
    vertical capsule is a head's ``Lq×Lk`` slice) and pass float16's 65504 at
    sentence length; ``squash`` needs a tiny epsilon.  Routing therefore runs in
