@@ -122,7 +122,7 @@ def _scalar(value: float, like: Tensor) -> Tensor:
     return _constant(value, like.dtype, like.device)
 
 
-def dynamic_routing(gram, init_logits: Tensor, iters: int, size: Tensor,
+def dynamic_routing(gram: Tensor, init_logits: Tensor, iters: int, size: Tensor,
                     out_dim: int, visible: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
     """Dynamic routing (paper Alg. 1) with identity votes, in Gram-matrix form.
 
@@ -139,7 +139,9 @@ def dynamic_routing(gram, init_logits: Tensor, iters: int, size: Tensor,
             ``(G, N)`` (1 for the literal L2 squash).
         out_dim: the dimension of ``init_logits`` the couplings are normalised
             over: ``-1`` (output capsules, Sabour) or ``-2`` (input capsules).
-        visible: optional bool ``(G, M, N)``: input ``m`` may vote for output ``n``.
+        visible: optional bool ``(G, M, N)``: input ``m`` may vote for output ``n``;
+            the causal pattern ``m - (M - N) <= n`` (horizontal routing), whose zero
+            triangle the products skip when ``M = N``.
 
     Returns ``(weights, couplings)``: ``Ω_n = Σ_m weights_{mn} C_m``.
     """
@@ -156,7 +158,7 @@ def dynamic_routing(gram, init_logits: Tensor, iters: int, size: Tensor,
             couplings = couplings.expand(gram.size(0), -1, -1)
         if couplings.size(-1) == 1:  # one output (a decoding step): (cᵀ G)ᵀ, G being symmetric, is the
             agree = torch.bmm(couplings.transpose(1, 2), gram).transpose(1, 2)  # fast form of G c on CPU
-        elif visible is not None:  # causal: c_mn = 0 for m > n
+        elif visible is not None:  # causal: c_mn = 0 for m > n (matmul_upper checks M = N)
             agree = matmul_upper(gram, couplings)
         else:
             agree = torch.bmm(gram, couplings)  # <C_m, s_n>
