@@ -328,10 +328,10 @@ def test_long_target_full_pass_equals_decoding():
 
 @pytest.mark.parametrize("size", [1, 5, 16, 17, 70])
 def test_suffix_weighted_sums_equal_a_loop(size):
-    """Decoding's Ω↔ sums w_m q_m over rows m >= k: blocked (block 16 here) = the plain sums."""
+    """Decoding's Ω↔ sums w_m q_m over rows m >= k: blocked (block 4 here) = the plain sums."""
     from user_dir.modules.capsule_routing import suffix_weighted_sums
 
     g = torch.Generator().manual_seed(size)
     w, rows = torch.rand(2, 3, size, generator=g), torch.randn(2, size, 5, generator=g)
     loop = torch.stack([(w[:, :, k:, None] * rows[:, None, k:]).sum(2) for k in range(size)], dim=2)
-    assert torch.allclose(suffix_weighted_sums(w, rows, block=16), loop, atol=1e-5)
+    assert torch.allclose(suffix_weighted_sums(w, rows, block=4), loop, atol=1e-5)

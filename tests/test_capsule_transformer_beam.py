@@ -24,9 +24,12 @@ def _rows(d, n=3, length=8):
 @pytest.mark.parametrize("left_pad_source", [True, False], ids=["left-pad", "right-pad"])
 @pytest.mark.parametrize("extra", [[], ["--capsule-routing", "horizontal", "--capsule-squash", "rms"]],
                          ids=["both", "horizontal-rms"])
-def test_beam_reorder_distinct_rows(left_pad_source, extra):
+@pytest.mark.parametrize("length", [6, 22], ids=["short", "past-twice-head-width"])
+def test_beam_reorder_distinct_rows(left_pad_source, extra, length):
+    """Prefixes of 6 and 22 tokens: the decoder's kept logit rows (target length <= 2 x head width 8)
+    and the suffix sums beyond are both reordered."""
     model, d = _model(*extra)
-    srcs, prevs = _rows(d)
+    srcs, prevs = _rows(d, length=length)
     beam.assert_beam_reorder(model, srcs, prevs, d.pad(), left_pad_source=left_pad_source)
 
 

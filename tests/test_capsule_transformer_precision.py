@@ -93,3 +93,23 @@ def test_autocast_bf16_forward_backward(case):
     assert err <= 4 * base + 1e-3, f"autocast error {err:.3g} vs fairseq transformer's {base:.3g}"
     routing = [p for n, p in capsule.named_parameters() if ".capsule." in n]
     assert routing and any(p.grad is not None and p.grad.abs().sum() > 0 for p in routing)
+
+
+@pytest.mark.parametrize("dtype", precision.LOW_PRECISION, ids=["fp16", "bf16"])
+def test_low_precision_beam_search_runs_on_kept_state(dtype):
+    """Beam search in float16 / bfloat16 for 24 target tokens, so decoding passes from kept logit rows to
+    kept u rows (twice the head width, 8, is 16): it runs and every hypothesis score is finite."""
+    from fairseq.sequence_generator import SequenceGenerator
+
+    capsule, _, d = _pair()
+    model = capsule.to(dtype)
+    srcs = random_sentences(d, [30, 12], seed=21)
+    sample = {"net_input": {"src_tokens": data_utils.collate_tokens(srcs, d.pad(), left_pad=True),
+                            "src_lengths": torch.tensor([len(s) for s in srcs])}}
+    generator = SequenceGenerator([model], d, beam_size=4, max_len_a=0, max_len_b=24, min_len=24)
+    with torch.no_grad():
+        hypos = generator.generate([model], sample)
+    for sentence in hypos:
+        assert len(sentence) == 4
+        for hypo in sentence:
+            assert len(hypo["tokens"]) == 25 and torch.isfinite(hypo["positional_scores"]).all()

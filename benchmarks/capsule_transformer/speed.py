@@ -124,7 +124,7 @@ def ratio_row(figures):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--preset", choices=PRESETS, default="multi30k")
+    p.add_argument("--preset", choices=PRESETS, default="demo")
     p.add_argument("--lengths", default="30,100,250", help="source (and target) lengths, comma separated")
     p.add_argument("--tokens", type=int, default=2000, help="tokens per side of a training batch")
     p.add_argument("--gen-tokens", type=int, default=500, help="source tokens of a generation batch")

@@ -68,8 +68,9 @@ Reconstruction decisions (the paper's equations are not available)
    of forming the ``(M × H·K)`` capsules (``O(H·M³)``).  ``Ω = Σ_m w_mn C_m`` is
    ``(Wᵀ Q_h) K_hᵀ`` when all rows see the same keys, ``Wᵀ E_h`` in a causal
    self-attention pass, and ``k_k · Σ_{m≥k} w_mn q_m`` (a suffix sum) while decoding.
-   Decoding keeps ``G``, ``u_m`` and ``q_m`` of the earlier rows and grows ``G`` by one
-   column per token: the past logit rows are never kept or re-padded.
+   Decoding keeps ``G`` (grown by one column per token) and ``q_m`` of the earlier rows,
+   plus, in decoder self-attention, their logit rows while the target is at most twice
+   the head width (``H·M² ≤ 2·M·D``: the cheaper state there) and ``u_m`` beyond.
 9. *Half precision.*  Gram matrices sum squared logits over whole capsules (a
    vertical capsule is a head's ``Lq×Lk`` slice) and pass float16's 65504 at
    sentence length; ``squash`` needs a tiny epsilon.  Routing therefore runs in
@@ -121,7 +122,7 @@ def _scalar(value: float, like: Tensor) -> Tensor:
     return _constant(value, like.dtype, like.device)
 
 
-def dynamic_routing(gram, init_logits: Tensor, iters: int, size: Tensor,
+def dynamic_routing(gram: Tensor, init_logits: Tensor, iters: int, size: Tensor,
                     out_dim: int, visible: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
     """Dynamic routing (paper Alg. 1) with identity votes, in Gram-matrix form.
 
@@ -138,7 +139,9 @@ def dynamic_routing(gram, init_logits: Tensor, iters: int, size: Tensor,
             ``(G, N)`` (1 for the literal L2 squash).
         out_dim: the dimension of ``init_logits`` the couplings are normalised
             over: ``-1`` (output capsules, Sabour) or ``-2`` (input capsules).
-        visible: optional bool ``(G, M, N)``: input ``m`` may vote for output ``n``.
+        visible: optional bool ``(G, M, N)``: input ``m`` may vote for output ``n``;
+            the causal pattern ``m - (M - N) <= n`` (horizontal routing), whose zero
+            triangle the products skip when ``M = N``.
 
     Returns ``(weights, couplings)``: ``Ω_n = Σ_m weights_{mn} C_m``.
     """
@@ -153,9 +156,9 @@ def dynamic_routing(gram, init_logits: Tensor, iters: int, size: Tensor,
             couplings = couplings * visible
         if couplings.dim() == 2:  # the shared initial logits, first iteration
             couplings = couplings.expand(gram.size(0), -1, -1)
-        if couplings.size(-1) == 1:  # one output (a decoding step): G c without a slow batched gemv
-            agree = (gram * couplings.transpose(1, 2)).sum(-1, keepdim=True)
-        elif visible is not None:  # causal: c_mn = 0 for m > n
+        if couplings.size(-1) == 1:  # one output (a decoding step): (cᵀ G)ᵀ, G being symmetric, is the
+            agree = torch.bmm(couplings.transpose(1, 2), gram).transpose(1, 2)  # fast form of G c on CPU
+        elif visible is not None:  # causal: c_mn = 0 for m > n (matmul_upper checks M = N)
             agree = matmul_upper(gram, couplings)
         else:
             agree = torch.bmm(gram, couplings)  # <C_m, s_n>
@@ -196,15 +199,17 @@ def _upper_ones(size: int, dtype: torch.dtype, device: torch.device) -> Tensor:
     return torch.ones(size, size, dtype=dtype, device=device).triu()
 
 
-def suffix_weighted_sums(w: Tensor, rows: Tensor, block: int = 64) -> Tensor:
+def suffix_weighted_sums(w: Tensor, rows: Tensor, block: int = 16) -> Tensor:
     """``S[b, n, k] = Σ_{m ≥ k} w[b, n, m] rows[b, m]`` for ``w`` ``(B, Q, M)``, ``rows`` ``(B, M, D)``.
 
     In blocks of ``block`` rows: a triangular product inside each block and a suffix sum of
-    the block totals across blocks, ``O(Q·M·block·D)``: linear in ``M``, as matrix products.
+    the block totals across blocks, ``O(Q·M·block·D)``: linear in ``M``, as matrix products
+    (one block up to ``3·block`` rows).
     Returns ``(B, Q, M, D)``.
     """
     bsz, q_len, size = w.shape
-    block = min(block, size)
+    if size <= 3 * block:  # short: one triangular product is cheaper than blocks, padding and a scan
+        block = size
     blocks = -(-size // block)
     pad = blocks * block - size
     if pad:
@@ -229,21 +234,17 @@ def factored_gram(u: Tensor, q: Tensor) -> Tensor:
     return x.triu() + x.triu(1).transpose(1, 2)
 
 
-def grow_gram(gram: Tensor, u: Tensor, q_new: Tensor) -> Tensor:
-    """The Gram of :func:`factored_gram` for ``M = P + Q`` rows from the kept ``(B, P, P)`` one.
-
-    ``u``: ``(B, M, D)`` all rows' ``u``; ``q_new``: ``(B, Q, D)`` the new rows' ``q``.  Only
-    the new columns are computed: ``O(M·Q·D)``.
-    """
+def grow_gram(gram: Tensor, cols: Tensor) -> Tensor:
+    """The ``(B, M, M)`` Gram of ``M = P + Q`` rows from the kept ``(B, P, P)`` one and the new
+    rows' columns ``cols`` ``(B, M, Q)`` (``G_mn`` for new ``n``, right for ``m <= n``)."""
     past = gram.size(1)
-    if q_new.size(1) == 1:  # a decoding step: u_m · q_n as a product-sum (a batched gemv is slow on CPU)
-        cols = (u * q_new).sum(-1, keepdim=True)
-    else:
-        cols = torch.bmm(u, q_new.transpose(1, 2))  # (B, M, Q): u_m · q_n, right for m <= n
     block = cols[:, past:]
-    block = block.triu() + block.triu(1).transpose(1, 2)
-    side = cols[:, :past]
-    return torch.cat([torch.cat([gram, side], dim=2), torch.cat([side.transpose(1, 2), block], dim=2)], dim=1)
+    new = cols.size(1) - past
+    grown = F.pad(gram, (0, new, 0, new))  # one copy of the kept Gram, then the new rows and columns
+    grown[:, :past, past:] = cols[:, :past]
+    grown[:, past:, :past] = cols[:, :past].transpose(1, 2)
+    grown[:, past:, past:] = block.triu() + block.triu(1).transpose(1, 2)
+    return grown
 
 
 class CapsuleRouting(nn.Module):
@@ -364,30 +365,50 @@ class CapsuleRouting(nn.Module):
         if query is None and state:
             raise ValueError("incremental horizontal routing needs the queries and keys of the logits")
         keep = self.causal and query is not None and new_state is not None
-        # short keys (K <= d) or a bare cube: the capsules themselves are the cheaper factors
-        rows = None
-        if query is None or (not state and k_len <= query.size(-1)):
-            rows = logits.reshape(bsz, q_len, heads * k_len)
-        if query is not None and (rows is None or keep):
-            # q_m (pad rows zeroed) and u_m = Σ_k E_mk k_k over the keys row m sees, heads concatenated
+        past = state["horizontal_gram"].size(1) if "horizontal_gram" in state else 0
+        total = past + q_len
+        # decoder self-attention keeps its logit rows while H·M² <= 2·M·D (M <= 2d): there they are the
+        # cheaper state (Ω = Wᵀ rows, O(H·d²) per token); beyond, u_m and the suffix sums
+        keep_rows = keep and keys_are_rows and total <= 2 * query.size(-1)
+        rows = None  # the capsules themselves: a bare cube, short keys (K <= d), or kept rows
+        if query is None or (not past and k_len <= query.size(-1)) or keep_rows or "horizontal_rows" in state:
+            rows = logits
+            if "horizontal_rows" in state:  # earlier rows saw fewer keys: 0 beyond
+                kept = state["horizontal_rows"]
+                rows = torch.cat([F.pad(kept, (0, k_len - kept.size(-1))), logits], dim=1)
+            rows = rows.reshape(bsz, total, heads * k_len)
+        if query is not None:  # q_m, pad rows zeroed, heads concatenated
             valid = (counts > 0).to(logits.dtype).view(bsz, 1, q_len, 1)
-            q_rows = (query * valid).transpose(1, 2).reshape(bsz, q_len, -1)
-            u_rows = torch.matmul(logits.transpose(1, 2), key).transpose(1, 2).reshape(bsz, q_len, -1)
-        past = 0
-        if "horizontal_gram" in state:  # decoding: the kept Gram grows by the new rows' columns
-            past = state["horizontal_gram"].size(1)
-            u_rows = torch.cat([state["horizontal_u"], u_rows], dim=1)
+            q_new = (query * valid).transpose(1, 2).reshape(bsz, q_len, -1)
+            q_rows = torch.cat([state["horizontal_q"], q_new], dim=1) if past else q_new
+        if past:
             row_counts = torch.cat([state["horizontal_counts"], row_counts], dim=1)
-            gram = grow_gram(state["horizontal_gram"], u_rows, q_rows)
-            q_rows = torch.cat([state["horizontal_q"], q_rows], dim=1)
+        if query is not None and (rows is None or (keep and not keep_rows)):
+            # u_m = Σ_k E_mk k_k over the keys row m sees: for the factored Gram, and kept once rows are not
+            if "horizontal_u" in state:
+                u_new = torch.matmul(logits.transpose(1, 2), key).transpose(1, 2).reshape(bsz, q_len, -1)
+                u_rows = torch.cat([state["horizontal_u"], u_new], dim=1)
+            else:  # all rows at once (a full pass, or when decoding stops keeping the logit rows)
+                cube = logits if rows is None else rows.view(bsz, total, heads, k_len)
+                u_rows = torch.matmul(cube.transpose(1, 2), key).transpose(1, 2).reshape(bsz, total, -1)
+        if past:  # decoding: the kept Gram grows by the new rows' columns
+            if rows is not None:
+                cols = torch.bmm(rows[:, past:], rows.transpose(1, 2)).transpose(1, 2)
+            elif q_len == 1:  # u_m · q_n as a product-sum (a batched gemv is slow on CPU)
+                cols = (u_rows * q_new).sum(-1, keepdim=True)
+            else:
+                cols = torch.bmm(u_rows, q_new.transpose(1, 2))
+            gram = grow_gram(state["horizontal_gram"], cols)
         elif rows is not None:
             gram = torch.bmm(rows, rows.transpose(1, 2))
         else:
             gram = factored_gram(u_rows, q_rows)
         if keep:
-            new_state.update(horizontal_gram=gram, horizontal_u=u_rows, horizontal_q=q_rows,
-                             horizontal_counts=row_counts)
-        total = past + q_len
+            new_state.update(horizontal_gram=gram, horizontal_q=q_rows, horizontal_counts=row_counts)
+            if keep_rows:
+                new_state["horizontal_rows"] = rows.view(bsz, total, heads, k_len)
+            else:
+                new_state["horizontal_u"] = u_rows
         m_pos = torch.arange(total, device=logits.device)
         n_pos = torch.arange(past, total, device=logits.device)
         rel = (n_pos.unsqueeze(0) - m_pos.unsqueeze(1)).clamp(-self.max_distance, self.max_distance)
