@@ -84,7 +84,7 @@ def test_hydra_train_yaml(toy_translation_bin, tmp_path):
 
     models, cfg = checkpoint_utils.load_model_ensemble([os.path.join(tmp_path, "checkpoint_last.pt")])
     routed = [m for m in models[0].modules() if isinstance(m, CapsuleMultiheadAttention)]
-    assert len(routed) == 2 and cfg.model.routing_iters == 3  # enc + dec self-attention, from the YAML
+    assert len(routed) == 1 and not routed[0].capsule.causal and cfg.model.routing_iters == 3  # encoder self-attention only (enc_self), from the YAML
 
 
 @pytest.mark.parametrize("flags", [["--memory-efficient-fp16"], ["--fp16", "--fp16-no-flatten-grads"]],
