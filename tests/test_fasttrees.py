@@ -1,4 +1,4 @@
-"""FastTrees: scan = loop, gate structure, batching invariance, causality, DDP, trees, errors (incremental decoding with distinct beams, half precision and host syncs: test_fasttrees_precision.py)."""
+"""FastTrees: scan = loop, gate structure, batching invariance, causality, DDP, trees, errors (incremental decoding with distinct beams, half precision and host syncs: test_fasttrees_gpu_readiness.py)."""
 import pytest
 import torch
 

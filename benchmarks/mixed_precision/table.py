@@ -35,14 +35,34 @@ def main():
         writer.writeheader()
         writer.writerows(rows)
     print(f"\n{len(rows)} figures -> {os.path.relpath(out, ROOT)}\n")
-    print("| test | dtype | max error vs float32 | fairseq baseline's error | ratio |")
-    print("|---|---|---|---|---|")
-    for r in rows:
-        name = r["test"].replace("tests/", "")
-        ratio = r["error"] / r["baseline_error"] if r["baseline_error"] else float("nan")
-        print(f"| `{name}` | {r['dtype']} | {r['error']:.3g} | {r['baseline_error']:.3g} | {ratio:.2f} |")
+    print(summary_table(rows))
     sys.exit(proc.returncode)
 
+
+def summary_table(rows):
+    """One row per test file (architecture family); per dtype the number of checks, the median
+    ratio error / baseline error and the worst check (largest ratio)."""
+    groups = {}
+    for r in rows:
+        family = r["test"].split("::")[0].replace("tests/test_", "").rsplit("_", 1)[0].replace("_gpu", "")
+        r["ratio"] = r["error"] / r["baseline_error"] if r["baseline_error"] else float("inf")
+        groups.setdefault(family, {}).setdefault(r["dtype"], []).append(r)
+    dtypes = ("float16", "bfloat16")
+    lines = ["| tests | " + " | ".join(f"{d}: checks, median ratio; worst error vs baseline (ratio)" for d in dtypes)
+             + " |", "|---|" + "---|" * len(dtypes)]
+    for family, by_dtype in sorted(groups.items()):
+        cells = []
+        for dtype in dtypes:
+            group = by_dtype.get(dtype, [])
+            if not group:
+                cells.append("—")
+                continue
+            worst = max(group, key=lambda r: r["ratio"])
+            median = sorted(r["ratio"] for r in group)[len(group) // 2]
+            cells.append(f"{len(group)}, {median:.2f}; {worst['error']:.3g} vs {worst['baseline_error']:.3g} "
+                         f"({worst['ratio']:.2f})")
+        lines.append(f"| {family} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
 
 if __name__ == "__main__":
     main()

@@ -8,7 +8,7 @@ from tests.helpers import beam, cli, precision
 from tests.helpers.host_sync import count_host_syncs
 from tests.helpers.models import build, prev_output, random_sentences
 from tests.test_fasttrees import TINY_LM, TINY_MT, VARIANTS
-from tests.test_star_transformer_precision import (
+from tests.test_star_transformer_gpu_readiness import (
     CPU_HALF_PRECISION,
     assert_finite_half_precision_losses,
     syncs_while_decoding,

@@ -10,7 +10,7 @@ from tests.helpers.host_sync import count_host_syncs
 from tests.helpers.models import build, prev_output, random_sentences
 from tests.test_mtn import _dictionary, _model, _session
 from tests.test_mtn_cli import TRAIN_ARGS, synthetic  # noqa: F401  (a fixture)
-from tests.test_star_transformer_precision import (
+from tests.test_star_transformer_gpu_readiness import (
     CPU_HALF_PRECISION,
     assert_finite_half_precision_losses,
     syncs_while_decoding,
