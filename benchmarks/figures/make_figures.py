@@ -17,6 +17,7 @@ import textwrap
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
+CAPSULE_SPEED = os.path.join(ROOT, "benchmarks", "capsule_transformer", "results")  # speed.py --out files
 
 
 def read_csv(path):
@@ -111,6 +112,28 @@ def capsule_bleu_seeds(results, plt):
     return fig
 
 
+def capsule_speed(results, plt):
+    """Capsule / vanilla ratios against source length, from ``benchmarks/capsule_transformer/speed.py --out``."""
+    runs = (("base", "base (paper size), default routing", "o-"), ("multi30k", "multi30k, default routing", "s-"),
+            ("multi30k_enc_self", "multi30k, --routed-attention enc_self", "^-"))
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
+    for name, label, style in runs:
+        with open(os.path.join(CAPSULE_SPEED, f"speed_{name}.json"), encoding="utf-8") as f:
+            r = json.load(f)
+        lengths = sorted(r["train"], key=int)
+        x = [int(n) for n in lengths]
+        ax1.plot(x, [r["train"][n]["ratio"] for n in lengths], style, label=label)
+        ax2.plot(x, [r["generate"][n]["ratio"] for n in lengths], style, label=label)
+    ax1.axhline(1.3, color="k", ls="--", lw=1, label="target ≤ 1.3")
+    ax2.axhline(0.75, color="k", ls="--", lw=1, label="target ≥ 0.75")
+    ax1.set(xlabel="source length (tokens)", ylabel="training step time, capsule / vanilla", title="training step")
+    ax2.set(xlabel="source length (tokens)", ylabel="sentences/s, capsule / vanilla", title="beam-5 generation")
+    for ax in (ax1, ax2):
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=8)
+    return fig
+
+
 def capsule_routing(results, plt):
     """The panels that ``examples/capsule_transformer/plot_routing.py --json`` wrote."""
     with open(os.path.join(results, "capsule_routing.json"), encoding="utf-8") as f:
@@ -194,7 +217,7 @@ def mtn_metrics(results, plt):
 
 
 FIGURES = {"star_scaling": star_scaling, "txl_eval_speedup": txl_eval_speedup, "txl_ptb": txl_ptb,
-           "capsule_bleu_seeds": capsule_bleu_seeds, "capsule_routing": capsule_routing,
+           "capsule_bleu_seeds": capsule_bleu_seeds, "capsule_routing": capsule_routing, "capsule_speed": capsule_speed,
            "fasttrees_logic": fasttrees_logic, "fasttrees_tree": fasttrees_tree, "mtn_metrics": mtn_metrics}
 
 
