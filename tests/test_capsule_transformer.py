@@ -335,3 +335,24 @@ def test_suffix_weighted_sums_equal_a_loop(size):
     w, rows = torch.rand(2, 3, size, generator=g), torch.randn(2, size, 5, generator=g)
     loop = torch.stack([(w[:, :, k:, None] * rows[:, None, k:]).sum(2) for k in range(size)], dim=2)
     assert torch.allclose(suffix_weighted_sums(w, rows, block=4), loop, atol=1e-5)
+
+
+@pytest.mark.parametrize("size", [1, 4, 5, 16, 17, 70])
+def test_decode_suffix_omega_equals_suffix_weighted_sums(size):
+    """One decoding step's Ω↔ from block totals and kept in-block logits (block 4 here: several blocks,
+    a partial last one at 5, 17, 70) = k_k · Σ_{m>=k} w_m q_m from suffix_weighted_sums; the in-block
+    logits kept row by row (as decoding grows them) = those of the whole cube at once."""
+    from user_dir.modules.capsule_routing import block_diagonal, decode_suffix_omega, suffix_weighted_sums
+
+    g = torch.Generator().manual_seed(size)
+    bsz, heads, hd = 2, 3, 5
+    q, k = torch.randn(bsz, heads, size, hd, generator=g), torch.randn(bsz, heads, size, hd, generator=g)
+    cube = (q @ k.transpose(2, 3)).tril().transpose(1, 2)  # (B, M, H, K): row m sees keys <= m
+    q_rows = q.transpose(1, 2).reshape(bsz, size, -1)
+    w = torch.rand(bsz, size, generator=g)
+    sums = suffix_weighted_sums(w.unsqueeze(1), q_rows, block=4).view(bsz, size, heads, hd)
+    expected = (sums * k.transpose(1, 2)).sum(-1).transpose(1, 2)  # (B, H, K)
+    diag = block_diagonal(cube, 0, block=4)
+    grown = torch.cat([block_diagonal(cube[:, m:m + 1, :, :m + 1], m, block=4) for m in range(size)], dim=1)
+    assert torch.equal(grown, diag)
+    assert torch.allclose(decode_suffix_omega(w, q_rows, k, diag, block=4), expected, atol=1e-5)

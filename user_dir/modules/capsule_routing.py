@@ -70,7 +70,10 @@ Reconstruction decisions (the paper's equations are not available)
    self-attention pass, and ``k_k · Σ_{m≥k} w_mn q_m`` (a suffix sum) while decoding.
    Decoding keeps ``G`` (grown by one column per token) and ``q_m`` of the earlier rows,
    plus, in decoder self-attention, their logit rows while the target is at most twice
-   the head width (``H·M² ≤ 2·M·D``: the cheaper state there) and ``u_m`` beyond.
+   the head width (``H·M² ≤ 2·M·D``: the cheaper state there) and ``u_m`` beyond, with
+   the logits ``E_h[m, k]`` of each row inside its block of 16 rows: a step's suffix sum is
+   then ``k_k · Σ_{m in later blocks} w_m q_m`` (block totals, ``O(M·D)``) plus the kept
+   in-block logits weighted (``O(M·H·16)``), not ``O(M·D·16)`` (:func:`decode_suffix_omega`).
 9. *Half precision.*  Gram matrices sum squared logits over whole capsules (a
    vertical capsule is a head's ``Lq×Lk`` slice) and pass float16's 65504 at
    sentence length; ``squash`` needs a tiny epsilon.  Routing therefore runs in
@@ -222,6 +225,46 @@ def suffix_weighted_sums(w: Tensor, rows: Tensor, block: int = 16) -> Tensor:
         later = totals.flip(2).cumsum(2).flip(2) - totals  # the blocks after each block
         within = within + later.unsqueeze(3)
     return within.reshape(bsz, q_len, blocks * block, -1)[:, :, :size]
+
+
+def block_diagonal(logits: Tensor, first: int, block: int = 16) -> Tensor:
+    """In-block logits of causal self-attention rows ``m = first .. first+Q-1``: ``(B, Q, H, block)``
+    with ``[b, m, h, j] = E_h[m, s_m + j]`` (``s_m`` the first row of ``m``'s block of ``block`` rows)
+    and 0 for keys after ``m``; ``logits`` ``(B, Q, H, K)``, key ``k`` being row ``k``."""
+    bsz, q_len, heads, k_len = logits.shape
+    rows = torch.arange(first, first + q_len, device=logits.device)
+    idx = (rows // block * block).unsqueeze(1) + torch.arange(block, device=logits.device)  # (Q, block)
+    picked = F.pad(logits, (0, block)).gather(3, idx.view(1, q_len, 1, block).expand(bsz, q_len, heads, block))
+    return picked * (idx <= rows.unsqueeze(1)).to(logits.dtype).view(1, q_len, 1, block)
+
+
+def decode_suffix_omega(w: Tensor, q_rows: Tensor, key: Tensor, diag: Tensor, block: int = 16) -> Tensor:
+    """``Ω_h[k] = Σ_{m ≥ k} w_m E_h[m, k]`` of one decoding step in causal self-attention, ``(B, H, M)``.
+
+    ``w`` ``(B, M)`` the new query's weights, ``q_rows`` ``(B, M, D)``, ``key`` ``(B, H, M, d)``,
+    ``diag`` ``(B, M, H, block)`` from :func:`block_diagonal`.  For ``k`` in block ``j``:
+    ``k_k^h · Σ_{m in blocks > j} w_m q_m^h`` (block totals and their suffix sum, ``O(M·D)``) plus
+    ``Σ_{m in block j} w_m E_h[m, k]`` from the kept in-block logits (``O(M·H·block)``), instead of
+    :func:`suffix_weighted_sums`' ``O(M·D·block)``.  The last block (1 to ``block`` rows, the new
+    one among them) is handled on its own: no padded copy of ``q_rows``.
+    """
+    bsz, total = w.shape
+    heads, hd = key.size(1), key.size(-1)
+    start = (total - 1) // block * block  # first row of the last block
+    w_tail = w[:, start:]
+    tail = (w_tail.view(bsz, -1, 1, 1) * diag[:, start:, :, :total - start]).sum(1)  # (B, H, total - start)
+    if not start:
+        return tail
+    full = start // block
+    a_tail = torch.bmm(w_tail.unsqueeze(1), q_rows[:, start:])  # (B, 1, D): the last block's total
+    totals = (w[:, :start].unsqueeze(-1) * q_rows[:, :start]).view(bsz, full, block, -1).sum(2)  # (B, nb, D)
+    later = torch.cat([totals[:, 1:], a_tail], dim=1).flip(1).cumsum(1).flip(1)  # blocks after each block
+    later = later.view(bsz, full, heads, 1, hd).transpose(1, 2)  # (B, H, nb, 1, d)
+    across = (key[:, :, :start].view(bsz, heads, full, block, hd) * later).sum(-1)  # (B, H, nb, block)
+    within = (w[:, :start].view(bsz, full, block, 1, 1)
+              * diag[:, :start].view(bsz, full, block, heads, block)).sum(2)  # (B, nb, H, block)
+    head = (across + within.transpose(1, 2)).reshape(bsz, heads, start)
+    return torch.cat([head, tail], dim=-1)
 
 
 def factored_gram(u: Tensor, q: Tensor) -> Tensor:
@@ -383,6 +426,7 @@ class CapsuleRouting(nn.Module):
             q_rows = torch.cat([state["horizontal_q"], q_new], dim=1) if past else q_new
         if past:
             row_counts = torch.cat([state["horizontal_counts"], row_counts], dim=1)
+        diag = None
         if query is not None and (rows is None or (keep and not keep_rows)):
             # u_m = Σ_k E_mk k_k over the keys row m sees: for the factored Gram, and kept once rows are not
             if "horizontal_u" in state:
@@ -391,6 +435,12 @@ class CapsuleRouting(nn.Module):
             else:  # all rows at once (a full pass, or when decoding stops keeping the logit rows)
                 cube = logits if rows is None else rows.view(bsz, total, heads, k_len)
                 u_rows = torch.matmul(cube.transpose(1, 2), key).transpose(1, 2).reshape(bsz, total, -1)
+            # in-block logits for decode_suffix_omega (decoder self-attention), kept like u_m
+            if self.causal and keys_are_rows and (keep or "horizontal_diag" in state):
+                if "horizontal_diag" in state:
+                    diag = torch.cat([state["horizontal_diag"], block_diagonal(logits, past)], dim=1)
+                else:
+                    diag = block_diagonal(cube, 0)
         if past:  # decoding: the kept Gram grows by the new rows' columns
             if rows is not None:
                 cols = torch.bmm(rows[:, past:], rows.transpose(1, 2)).transpose(1, 2)
@@ -409,6 +459,8 @@ class CapsuleRouting(nn.Module):
                 new_state["horizontal_rows"] = rows.view(bsz, total, heads, k_len)
             else:
                 new_state["horizontal_u"] = u_rows
+                if keys_are_rows:
+                    new_state["horizontal_diag"] = diag
         m_pos = torch.arange(total, device=logits.device)
         n_pos = torch.arange(past, total, device=logits.device)
         rel = (n_pos.unsqueeze(0) - m_pos.unsqueeze(1)).clamp(-self.max_distance, self.max_distance)
@@ -430,6 +482,8 @@ class CapsuleRouting(nn.Module):
             omega = torch.matmul(wq, key.transpose(2, 3)).transpose(1, 2)
         elif not past:  # full causal self-attention pass: Ω_h = Wᵀ E_h
             omega = matmul_lower(wt.unsqueeze(1), logits.transpose(1, 2)).transpose(1, 2)  # both triangular
+        elif q_len == 1 and diag is not None:  # one decoding step: block totals + in-block logits
+            omega = decode_suffix_omega(wt[:, 0], q_rows, key, diag).unsqueeze(1)  # (B, 1, H, K)
         else:  # decoding, row m sees keys <= m: Ω_h[n, k] = k_k · Σ_{m >= k} w_mn q_m (a suffix sum)
             sums = suffix_weighted_sums(wt, q_rows).view(bsz, q_len, total, heads, -1)
             omega = (sums * key.transpose(1, 2).unsqueeze(1)).sum(-1).transpose(2, 3)  # (B, Q, H, K)
