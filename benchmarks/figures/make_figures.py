@@ -29,6 +29,13 @@ def num(x):
     return float(x) if x not in ("", None) else math.nan
 
 
+def grid_and_legend(*axes, **grid):
+    """The figures' common finish: a light grid (``grid`` as for ``Axes.grid``) and a small legend."""
+    for ax in axes:
+        ax.grid(True, alpha=0.3, **grid)
+        ax.legend(fontsize=8)
+
+
 def star_scaling(results, plt):
     rows = read_csv(os.path.join(results, "star_scaling.csv"))
     n = [int(r["n"]) for r in rows]
@@ -44,9 +51,7 @@ def star_scaling(results, plt):
     ax2.loglog(n, [num(r["star_mb"]) for r in rows], "o-", label="Star-Transformer")
     ax2.loglog(n, [num(r["star_ckpt_mb"]) for r in rows], "^-", label="Star, --checkpoint-activations")
     ax2.set(xlabel="sequence length n", ylabel="activation memory kept for backward (MB)", title="activation memory")
-    for ax in (ax1, ax2):
-        ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=8)
+    grid_and_legend(ax1, ax2, which="both")
     return fig
 
 
@@ -66,8 +71,7 @@ def txl_eval_speedup(results, plt):
     ax.set(xscale="log", yscale="log", xlabel="attention length L",
            ylabel="evaluation speed-up over a sliding window",
            title="Transformer-XL evaluation with memory (median, repeat range)")
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8)
+    grid_and_legend(ax, which="both")
     return fig
 
 
@@ -86,9 +90,7 @@ def txl_ptb(results, plt):
     ax1.set(xlabel="updates (end of a run of that budget)", ylabel="valid perplexity",
             title="PTB valid perplexity (runs of 500 and 1,200 updates)")
     ax2.set(xlabel="update", ylabel="training perplexity (2^loss bits)", title="training curve of the 1,200-update runs")
-    for ax in (ax1, ax2):
-        ax.grid(True, alpha=0.3)
-        ax.legend(fontsize=8)
+    grid_and_legend(ax1, ax2)
     return fig
 
 
@@ -107,8 +109,7 @@ def capsule_bleu_seeds(results, plt):
         ax.errorbar([7.2 + (i - 1) * 0.15], [mean], yerr=[se], fmt=marker, color=line.get_color(), capsize=3)
     ax.set_xticks(seeds + [7.2], [str(s) for s in seeds] + ["mean ± s.e."])
     ax.set(xlabel="seed", ylabel="test_2016_flickr BLEU", title="Multi30k En→De, 428 updates × 4,096 tokens")
-    ax.grid(True, axis="y", alpha=0.3)
-    ax.legend(fontsize=8)
+    grid_and_legend(ax, axis="y")
     return fig
 
 
@@ -128,9 +129,7 @@ def capsule_speed(results, plt):
     ax2.axhline(0.75, color="k", ls="--", lw=1, label="target ≥ 0.75")
     ax1.set(xlabel="source length (tokens)", ylabel="training step time, capsule / vanilla", title="training step")
     ax2.set(xlabel="source length (tokens)", ylabel="sentences/s, capsule / vanilla", title="beam-5 generation")
-    for ax in (ax1, ax2):
-        ax.grid(True, alpha=0.3)
-        ax.legend(fontsize=8)
+    grid_and_legend(ax1, ax2)
     return fig
 
 
@@ -194,8 +193,7 @@ def fasttrees_logic(results, plt):
     ax.axvspan(6.5, 12.5, color="grey", alpha=0.12, label="longer than any training formula")
     ax.set(xlabel="number of operators", ylabel="test accuracy (%)",
            title="Logical inference, d 128, 4 layers, 11,436 updates, one seed")
-    ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=8)
+    grid_and_legend(ax)
     return fig
 
 
