@@ -160,18 +160,10 @@ def test_beam_check_catches_a_broken_reorder(arch, mode):
     model, d = build(arch, (TINY_LM if lm else TINY_MT) + VARIANTS["conv"],
                      task="language_modeling" if lm else "translation")
     srcs, prevs = _rows(d)
-    with _broken_fasttrees(model, mode), pytest.raises(AssertionError, match="after reordering"):
-        beam.assert_beam_reorder(model, None if lm else srcs, prevs, d.pad())
-
-
-def _broken_fasttrees(model, mode):
-    """beam.broken_reorder restricted to the FastTrees sublayers (a stand-in model whose decoder is them)."""
-    from types import SimpleNamespace
-
     from user_dir.modules.fasttrees_layer import FastTreesSublayer
 
-    sublayers = torch.nn.ModuleList(m for m in model.decoder.modules() if isinstance(m, FastTreesSublayer))
-    return beam.broken_reorder(SimpleNamespace(decoder=sublayers), mode)
+    sublayers = [m for m in model.decoder.modules() if isinstance(m, FastTreesSublayer)]
+    beam.assert_broken_reorder_caught(model, mode, None if lm else srcs, prevs, d.pad(), modules=sublayers)
 
 
 @MT_VARIANTS

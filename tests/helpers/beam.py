@@ -12,6 +12,7 @@ shrinks) so the self-checks can show these helpers fail on such a model.
 """
 import contextlib
 
+import pytest
 import torch
 from fairseq.data import data_utils
 from fairseq.sequence_generator import SequenceGenerator
@@ -102,15 +103,16 @@ def _reorder_modules(model):
 
 
 @contextlib.contextmanager
-def broken_reorder(model, mode):
-    """Breaks ``reorder_incremental_state`` of every decoder module for the block.
+def broken_reorder(model, mode, modules=None):
+    """Breaks ``reorder_incremental_state`` of every decoder module (or of ``modules`` only,
+    e.g. one architecture's own sublayers) for the block.
 
     ``"noop"``: never reorders.  ``"shrink_only"``: reorders only when the batch shrinks
     (a plausible bug: the state stays right in size, wrong in content).
     """
     if mode not in ("noop", "shrink_only"):
         raise ValueError(f"mode must be 'noop' or 'shrink_only', got {mode!r}")
-    modules = _reorder_modules(model)
+    modules = _reorder_modules(model) if modules is None else list(modules)
     assert modules, "the decoder has no reorder_incremental_state to break"
     sizes = {}
 
@@ -130,6 +132,13 @@ def broken_reorder(model, mode):
     finally:
         for m in modules:
             del m.reorder_incremental_state
+
+
+def assert_broken_reorder_caught(model, mode, src_list, prev_list, pad, modules=None, **kwargs):
+    """:func:`assert_beam_reorder` fails while :func:`broken_reorder` is in force: the check
+    catches that bug for this model."""
+    with broken_reorder(model, mode, modules), pytest.raises(AssertionError, match="after reordering"):
+        assert_beam_reorder(model, src_list, prev_list, pad, **kwargs)
 
 
 def assert_generator_matches_forward(model, dictionary, src_list=None, beam=4, max_len=12, atol=1e-5,
