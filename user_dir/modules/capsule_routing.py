@@ -171,6 +171,28 @@ def dynamic_routing(gram: Tensor, init_logits: Tensor, iters: int, size: Tensor,
     return couplings * gain, couplings
 
 
+class _SmallBatchMatmul(torch.autograd.Function):
+    """``torch.bmm(a, b)`` for many small ``a`` (``H × H``, one per query), ``a`` made contiguous in
+    the forward and, transposed, in the backward: a transposed small operand makes CPU batched
+    GEMM about 2.5x slower."""
+
+    @staticmethod
+    def forward(ctx, a, b):
+        ctx.save_for_backward(a, b)
+        return torch.bmm(a.contiguous(), b)
+
+    @staticmethod
+    def backward(ctx, grad):
+        a, b = ctx.saved_tensors
+        grad_a = torch.bmm(grad, b.transpose(1, 2)) if ctx.needs_input_grad[0] else None
+        grad_b = torch.bmm(a.transpose(1, 2).contiguous(), grad) if ctx.needs_input_grad[1] else None
+        return grad_a, grad_b
+
+
+def small_bmm(a: Tensor, b: Tensor) -> Tensor:
+    return _SmallBatchMatmul.apply(a, b)
+
+
 def matmul_upper(g: Tensor, c: Tensor, min_block: int = 64) -> Tensor:
     """``g @ c`` for square ``c`` with ``c[m, n] = 0`` for ``m > n`` (causal couplings), skipping
     its zero lower-left block recursively: about half the work of a dense product."""
@@ -257,7 +279,8 @@ def decode_suffix_omega(w: Tensor, q_rows: Tensor, key: Tensor, diag: Tensor, bl
         return tail
     full = start // block
     a_tail = torch.bmm(w_tail.unsqueeze(1), q_rows[:, start:])  # (B, 1, D): the last block's total
-    totals = (w[:, :start].unsqueeze(-1) * q_rows[:, :start]).view(bsz, full, block, -1).sum(2)  # (B, nb, D)
+    totals = torch.matmul(w[:, :start].reshape(bsz, full, 1, block),
+                          q_rows[:, :start].view(bsz, full, block, -1)).squeeze(2)  # (B, nb, D)
     later = torch.cat([totals[:, 1:], a_tail], dim=1).flip(1).cumsum(1).flip(1)  # blocks after each block
     later = later.view(bsz, full, heads, 1, hd).transpose(1, 2)  # (B, H, nb, 1, d)
     across = (key[:, :, :start].view(bsz, heads, full, block, hd) * later).sum(-1)  # (B, H, nb, block)
@@ -277,13 +300,55 @@ def factored_gram(u: Tensor, q: Tensor) -> Tensor:
     return x.triu() + x.triu(1).transpose(1, 2)
 
 
-def grow_gram(gram: Tensor, cols: Tensor) -> Tensor:
-    """The ``(B, M, M)`` Gram of ``M = P + Q`` rows from the kept ``(B, P, P)`` one and the new
-    rows' columns ``cols`` ``(B, M, Q)`` (``G_mn`` for new ``n``, right for ``m <= n``)."""
+def _take(kept: Tensor, order: Optional[Tensor]) -> Tensor:
+    return kept if order is None else kept.index_select(0, order)
+
+
+def _needs_graph(*tensors: Tensor) -> bool:
+    return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
+
+
+STATE_CAPACITY_STEP = 64
+
+
+def _capacity(size: int) -> int:
+    """Decoding state is allocated in sizes rounded up to 64 steps: a buffer one step longer than
+    the last (freed) one is a fresh allocation every step, which glibc serves from newly mapped,
+    page-faulted memory once it is large; equal sizes reuse the freed memory."""
+    return -(-size // STATE_CAPACITY_STEP) * STATE_CAPACITY_STEP
+
+
+def append_rows(kept: Tensor, new: Tensor, order: Optional[Tensor] = None, dim: int = 1) -> Tensor:
+    """``torch.cat([kept.index_select(0, order), new], dim)`` as one copy of ``kept``: beam search's
+    reorder of decoding state is applied while the state grows by a step, not as a copy of its own
+    (``order`` ``None``: no reorder).  One ``index_select`` into the new buffer (``torch.cat`` and a
+    separate reorder copy the whole state twice per step).  The result is a view of a buffer of
+    :func:`_capacity` rows along ``dim``."""
+    past = kept.size(dim)
+    total = past + new.size(dim)
+    shape = list(new.shape)
+    shape[dim] = _capacity(total)
+    out = new.new_empty(shape).narrow(dim, 0, total)
+    if order is not None and not _needs_graph(kept, new):  # out= has no autograd
+        torch.index_select(kept, 0, order, out=out.narrow(dim, 0, past))
+    else:
+        out.narrow(dim, 0, past).copy_(kept if order is None else kept.index_select(0, order))
+    out.narrow(dim, past, new.size(dim)).copy_(new)
+    return out
+
+
+def grow_gram(gram: Tensor, cols: Tensor, order: Optional[Tensor] = None) -> Tensor:
+    """The ``(B, M, M)`` Gram of ``M = P + Q`` rows from the kept ``(B, P, P)`` one (rows taken in
+    beam ``order`` first, as :func:`append_rows`) and the new rows' columns ``cols`` ``(B, M, Q)``
+    (``G_mn`` for new ``n``, right for ``m <= n``)."""
     past = gram.size(1)
     block = cols[:, past:]
-    new = cols.size(1) - past
-    grown = F.pad(gram, (0, new, 0, new))  # one copy of the kept Gram, then the new rows and columns
+    total = cols.size(1)
+    grown = cols.new_empty(cols.size(0), _capacity(total), _capacity(total))[:, :total, :total]
+    if order is not None and not _needs_graph(gram, cols):
+        torch.index_select(gram, 0, order, out=grown[:, :past, :past])
+    else:
+        grown[:, :past, :past] = gram if order is None else gram.index_select(0, order)
     grown[:, :past, past:] = cols[:, :past]
     grown[:, past:, :past] = cols[:, :past].transpose(1, 2)
     grown[:, past:, past:] = block.triu() + block.triu(1).transpose(1, 2)
@@ -327,7 +392,7 @@ class CapsuleRouting(nn.Module):
 
     def forward(self, logits: Tensor, counts: Tensor, state: Optional[Dict[str, Tensor]] = None,
                 capture: bool = False, query: Optional[Tensor] = None, key: Optional[Tensor] = None,
-                keys_are_rows: bool = False, keep_state: bool = False):
+                keys_are_rows: bool = False, keep_state: bool = False, order: Optional[Tensor] = None):
         """Routes the neutralised logit cube.
 
         Args:
@@ -346,6 +411,8 @@ class CapsuleRouting(nn.Module):
             keys_are_rows: self-attention: key ``k`` is query row ``k``, so a
                 causal row ``m`` sees the keys ``≤ m``.
             keep_state: return the state that the next decoding step needs.
+            order: beam search's pending reorder of ``state`` (rows of the batch), applied
+                while the state grows (:func:`append_rows`); ``None``: none.
         Returns ``(omega, new_state, info)`` with ``omega`` in ``logits``'
         layout and dtype; ``info`` holds the couplings when ``capture`` is set.
         All routing runs in float32 (decision 9), with autocast off.
@@ -356,16 +423,16 @@ class CapsuleRouting(nn.Module):
         omega = None
         dtype = logits.dtype
         with torch.autocast(logits.device.type, enabled=False):
-            logits = logits.float().contiguous()
+            logits = logits.float()  # any layout: attention passes a (B, Q, H, K) view of its (B, H, Q, K)
             if query is not None:
                 query, key = query.float(), key.float()
             if self.vertical:
-                omega, c = self._vertical(logits, counts, state, new_state)
+                omega, c = self._vertical(logits, counts, state, new_state, order)
                 if capture:
                     info["vertical_couplings"], info["omega_vertical"] = c, omega
             if self.horizontal:
                 o, c = self._horizontal(logits, counts, state, new_state if keep_state else None, query, key,
-                                       keys_are_rows)
+                                       keys_are_rows, order)
                 omega = o if omega is None else omega + o
                 if capture:
                     info["horizontal_couplings"], info["omega_horizontal"] = c, o
@@ -376,32 +443,32 @@ class CapsuleRouting(nn.Module):
     def _size(self, n: Tensor) -> Tensor:
         return n.clamp_min(1.0) if self.squash == "rms" else torch.ones_like(n)
 
-    def _vertical(self, logits, counts, state, new_state):
+    def _vertical(self, logits, counts, state, new_state, order=None):
         """One capsule per head (M = N = H); per-query prefix routing when causal."""
         bsz, q_len, heads, k_len = logits.shape
-        rows = logits.view(bsz * q_len, heads, k_len)
-        row_gram = torch.bmm(rows, rows.transpose(1, 2)).view(bsz, q_len, heads, heads)
         n = counts.to(logits.dtype)
-        if self.causal:
-            if q_len > 1:  # prefix sums over queries (a single decoding step has none)
-                row_gram, n = row_gram.cumsum(1), n.cumsum(1)
-            gram = row_gram
-            if "vertical_gram" in state:
-                gram = gram + state["vertical_gram"].unsqueeze(1)
-                n = n + state["vertical_count"]
-            new_state["vertical_gram"], new_state["vertical_count"] = gram[:, -1], n[:, -1:]
-        else:
-            gram, n = row_gram.sum(1, keepdim=True), n.sum(1, keepdim=True)
-        groups = gram.size(1)  # Q (causal: one routing per query prefix) or 1
-        weights, couplings = dynamic_routing(gram.view(bsz * groups, heads, heads), self.vertical_logits.float(),
-                                             self.iters, self._size(n).view(bsz * groups, 1), out_dim=-1)
-        weights, couplings = (x.view(bsz, groups, heads, heads) for x in (weights, couplings))
-        if groups == q_len:  # Ω↕_n = Σ_m w_mn C_m, row by row
-            omega = torch.bmm(weights.view(-1, heads, heads).transpose(1, 2), rows)
-            return omega.view(bsz, q_len, heads, k_len), couplings
-        return torch.matmul(weights.transpose(-1, -2), logits), couplings
+        if not self.causal:  # one routing per sentence on the (B, H, Q·K) capsules: attention's own layout
+            caps = logits.transpose(1, 2).reshape(bsz, heads, q_len * k_len)
+            gram = torch.bmm(caps, caps.transpose(1, 2))
+            weights, couplings = dynamic_routing(gram, self.vertical_logits.float(), self.iters,
+                                                 self._size(n.sum(1, keepdim=True)), out_dim=-1)
+            omega = torch.bmm(weights.transpose(1, 2).contiguous(), caps)  # Ω↕_n = Σ_m w_mn C_m
+            return omega.view(bsz, heads, q_len, k_len).transpose(1, 2), couplings.unsqueeze(1)
+        rows = logits.reshape(bsz * q_len, heads, k_len)
+        row_gram = torch.bmm(rows, rows.transpose(1, 2)).view(bsz, q_len, heads, heads)
+        if q_len > 1:  # prefix sums over queries (a single decoding step has none)
+            row_gram, n = row_gram.cumsum(1), n.cumsum(1)
+        gram = row_gram
+        if "vertical_gram" in state:
+            gram = gram + _take(state["vertical_gram"], order).unsqueeze(1)
+            n = n + _take(state["vertical_count"], order)
+        new_state["vertical_gram"], new_state["vertical_count"] = gram[:, -1], n[:, -1:]
+        weights, couplings = dynamic_routing(gram.view(bsz * q_len, heads, heads), self.vertical_logits.float(),
+                                             self.iters, self._size(n).view(bsz * q_len, 1), out_dim=-1)
+        omega = small_bmm(weights.transpose(1, 2), rows)  # Ω↕_n = Σ_m w_mn C_m, query by query
+        return omega.view(bsz, q_len, heads, k_len), couplings.view(bsz, q_len, heads, heads)
 
-    def _horizontal(self, logits, counts, state, new_state, query, key, keys_are_rows):
+    def _horizontal(self, logits, counts, state, new_state, query, key, keys_are_rows, order=None):
         """One capsule per query token (its logits on all heads, ``H·K`` entries), decision 8."""
         bsz, q_len, heads, k_len = logits.shape
         row_counts = counts.to(logits.dtype)
@@ -417,38 +484,36 @@ class CapsuleRouting(nn.Module):
         if query is None or (not past and k_len <= query.size(-1)) or keep_rows or "horizontal_rows" in state:
             rows = logits
             if "horizontal_rows" in state:  # earlier rows saw fewer keys: 0 beyond
-                kept = state["horizontal_rows"]
+                kept = _take(state["horizontal_rows"], order)
                 rows = torch.cat([F.pad(kept, (0, k_len - kept.size(-1))), logits], dim=1)
             rows = rows.reshape(bsz, total, heads * k_len)
         if query is not None:  # q_m, pad rows zeroed, heads concatenated
             valid = (counts > 0).to(logits.dtype).view(bsz, 1, q_len, 1)
             q_new = (query * valid).transpose(1, 2).reshape(bsz, q_len, -1)
-            q_rows = torch.cat([state["horizontal_q"], q_new], dim=1) if past else q_new
+            q_rows = append_rows(state["horizontal_q"], q_new, order) if past else q_new
         if past:
-            row_counts = torch.cat([state["horizontal_counts"], row_counts], dim=1)
+            row_counts = append_rows(state["horizontal_counts"], row_counts, order)
         diag = None
         if query is not None and (rows is None or (keep and not keep_rows)):
             # u_m = Σ_k E_mk k_k over the keys row m sees: for the factored Gram, and kept once rows are not
             if "horizontal_u" in state:
                 u_new = torch.matmul(logits.transpose(1, 2), key).transpose(1, 2).reshape(bsz, q_len, -1)
-                u_rows = torch.cat([state["horizontal_u"], u_new], dim=1)
+                u_rows = append_rows(state["horizontal_u"], u_new, order)
             else:  # all rows at once (a full pass, or when decoding stops keeping the logit rows)
                 cube = logits if rows is None else rows.view(bsz, total, heads, k_len)
                 u_rows = torch.matmul(cube.transpose(1, 2), key).transpose(1, 2).reshape(bsz, total, -1)
             # in-block logits for decode_suffix_omega (decoder self-attention), kept like u_m
             if self.causal and keys_are_rows and (keep or "horizontal_diag" in state):
                 if "horizontal_diag" in state:
-                    diag = torch.cat([state["horizontal_diag"], block_diagonal(logits, past)], dim=1)
+                    diag = append_rows(state["horizontal_diag"], block_diagonal(logits, past), order)
                 else:
                     diag = block_diagonal(cube, 0)
         if past:  # decoding: the kept Gram grows by the new rows' columns
             if rows is not None:
                 cols = torch.bmm(rows[:, past:], rows.transpose(1, 2)).transpose(1, 2)
-            elif q_len == 1:  # u_m · q_n as a product-sum (a batched gemv is slow on CPU)
-                cols = (u_rows * q_new).sum(-1, keepdim=True)
             else:
                 cols = torch.bmm(u_rows, q_new.transpose(1, 2))
-            gram = grow_gram(state["horizontal_gram"], cols)
+            gram = grow_gram(state["horizontal_gram"], cols, order)
         elif rows is not None:
             gram = torch.bmm(rows, rows.transpose(1, 2))
         else:
@@ -526,11 +591,16 @@ class CapsuleMultiheadAttention(MultiheadAttention):
         if need_head_weights:
             need_weights = True
         tgt_len, bsz, embed_dim = query.size()
-        saved_state = None
+        saved_state, cap_state, order = None, None, None
         if incremental_state is not None:
             saved_state = self._get_input_buffer(incremental_state)
             if "prev_key" in saved_state and static_kv:
                 key = value = None
+            if self.capsule.causal:
+                cap_state = self.get_incremental_state(incremental_state, "capsule_state")
+                if cap_state is not None:  # beam search's reorder, deferred to this step's growth of the state
+                    cap_state = dict(cap_state)
+                    order = cap_state.pop("reorder", None)
         q = self.q_proj(query) * self.scaling
         if self.self_attention:
             k, v = self.k_proj(query), self.v_proj(query)
@@ -544,14 +614,20 @@ class CapsuleMultiheadAttention(MultiheadAttention):
             k = k.contiguous().view(-1, bsz * heads, hd).transpose(0, 1)
             v = v.contiguous().view(-1, bsz * heads, hd).transpose(0, 1)
         if saved_state is not None:
+            prev_mask = saved_state.get("prev_key_padding_mask")
             if "prev_key" in saved_state:
-                prev_k = saved_state["prev_key"].view(bsz * heads, -1, hd)
-                prev_v = saved_state["prev_value"].view(bsz * heads, -1, hd)
-                k = prev_k if static_kv else torch.cat([prev_k, k], dim=1)
-                v = prev_v if static_kv else torch.cat([prev_v, v], dim=1)
+                if static_kv:  # encoder keys: fairseq's own (eager) reorder
+                    k = saved_state["prev_key"].view(bsz * heads, -1, hd)
+                    v = saved_state["prev_value"].view(bsz * heads, -1, hd)
+                else:  # keys grow by this step, reordered on the way (one copy, as append_rows)
+                    k = append_rows(saved_state["prev_key"], k.view(bsz, heads, -1, hd), order, dim=2)
+                    v = append_rows(saved_state["prev_value"], v.view(bsz, heads, -1, hd), order, dim=2)
+                    k, v = k.view(bsz * heads, -1, hd), v.view(bsz * heads, -1, hd)
+                    if prev_mask is not None:
+                        prev_mask = _take(prev_mask, order)
             key_padding_mask = MultiheadAttention._append_prev_key_padding_mask(
                 key_padding_mask=key_padding_mask,
-                prev_key_padding_mask=saved_state.get("prev_key_padding_mask"),
+                prev_key_padding_mask=prev_mask,
                 batch_size=bsz, src_len=k.size(1), static_kv=static_kv)
             saved_state["prev_key"] = k.view(bsz, heads, -1, hd)
             saved_state["prev_value"] = v.view(bsz, heads, -1, hd)
@@ -562,12 +638,9 @@ class CapsuleMultiheadAttention(MultiheadAttention):
             key_padding_mask = None
 
         scores = torch.bmm(q, k.transpose(1, 2)).view(bsz, heads, tgt_len, src_len)
-        cap_state = None
-        if incremental_state is not None and self.capsule.causal:
-            cap_state = self.get_incremental_state(incremental_state, "capsule_state")
         factors = dict(query=q.view(bsz, heads, tgt_len, hd), key=k.view(bsz, heads, src_len, hd),
                        keys_are_rows=self.self_attention, capture=self.capture,
-                       keep_state=incremental_state is not None)
+                       keep_state=incremental_state is not None, order=order)
         if attn_mask is None and key_padding_mask is None:
             # nothing masked (beam-search steps, unpadded batches): no masks to build or apply
             counts = scores.new_full((bsz, tgt_len), src_len)
@@ -623,12 +696,18 @@ class CapsuleMultiheadAttention(MultiheadAttention):
         return logits, key_visible, new_state, info
 
     def reorder_incremental_state(self, incremental_state, new_order):
-        incremental_state = super().reorder_incremental_state(incremental_state, new_order)
+        """Beam search's reorder, deferred: the routing state (and, in self-attention, the kept
+        keys and values) grows at every step anyway, so the next step applies ``new_order`` while
+        copying it (:func:`append_rows`) instead of copying it once more here.  Successive
+        reorders before a step compose."""
         cap_state = self.get_incremental_state(incremental_state, "capsule_state")
-        if cap_state is not None:
-            for name, value in list(cap_state.items()):
-                cap_state[name] = value.index_select(0, new_order)
-            self.set_incremental_state(incremental_state, "capsule_state", cap_state)
+        if cap_state is None:  # nothing decoded yet, or a module without routing state
+            return super().reorder_incremental_state(incremental_state, new_order)
+        if not self.self_attention:  # encoder keys: fairseq's reorder (a no-op within beams)
+            incremental_state = super().reorder_incremental_state(incremental_state, new_order)
+        pending = cap_state.get("reorder")
+        cap_state = dict(cap_state, reorder=new_order if pending is None else pending.index_select(0, new_order))
+        self.set_incremental_state(incremental_state, "capsule_state", cap_state)
         return incremental_state
 
 
