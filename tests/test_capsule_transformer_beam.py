@@ -89,3 +89,55 @@ def test_no_host_sync_in_training_or_decoding():
                 enc = model.encoder.reorder_encoder_out(enc, order)
             model.decoder(prev[:, : t + 1], encoder_out=enc, incremental_state=state)
     assert not syncs, f"incremental decoding syncs with the host: {list(syncs)}"
+
+
+# ------------------------------------------------------------------ deferred reorder (one copy per step)
+
+
+@pytest.mark.parametrize("grad", [False, True], ids=["no-grad", "grad"])
+def test_state_growth_applies_the_beam_order(grad):
+    """append_rows / grow_gram equal an index_select then a cat (and keep autograd when it is on),
+    their results being views of buffers with spare steps."""
+    from user_dir.modules.capsule_routing import append_rows, grow_gram
+
+    g = torch.Generator().manual_seed(0)
+    order = torch.tensor([2, 0, 0, 1])  # 3 rows to 4: permuted and duplicated
+    kept = torch.randn(3, 5, 4, generator=g, requires_grad=grad)
+    new = torch.randn(4, 1, 4, generator=g, requires_grad=grad)
+    with torch.set_grad_enabled(grad):
+        grown = append_rows(kept, new, order)
+        expected = torch.cat([kept.index_select(0, order), new], dim=1)
+        assert torch.equal(grown, expected)
+        assert grown.untyped_storage().nbytes() > grown.numel() * grown.element_size()  # room for more steps
+        gram = torch.randn(3, 5, 5, generator=g)
+        gram = gram + gram.transpose(1, 2)
+        cols = torch.randn(4, 6, 1, generator=g)
+        old = gram.index_select(0, order)
+        full = torch.cat([torch.cat([old, cols[:, :5].transpose(1, 2)], 1), cols], 2)
+        assert torch.equal(grow_gram(gram, cols, order), full)
+    if grad:
+        grown.sum().backward()
+        assert torch.equal(kept.grad[:, 0, 0], torch.tensor([2.0, 1.0, 1.0]))  # row 0 taken twice
+
+
+def test_reorders_before_a_step_compose():
+    """Two reorders between decoding steps (deferred, composed) give what reordering the state twice
+    would: the next step equals a model whose state was reordered once by the composed order."""
+    model, d = _model()
+    srcs, prevs = _rows(d, n=2, length=5)
+    tokens = data_utils.collate_tokens(srcs, d.pad(), left_pad=True)
+    lengths = torch.tensor([len(s) for s in srcs])
+    prev = torch.stack(prevs)
+    first, second = torch.tensor([1, 0]), torch.tensor([1, 1])
+    outs = []
+    with torch.no_grad():
+        for orders in ([first, second], [first[second]]):
+            enc = model.encoder(tokens, src_lengths=lengths)
+            state = {}
+            for t in range(3):
+                model.decoder(prev[:, :t + 1], encoder_out=enc, incremental_state=state)
+            for o in orders:
+                model.decoder.reorder_incremental_state_scripting(state, o)
+                enc = model.encoder.reorder_encoder_out(enc, o)
+            outs.append(model.decoder(prev[:, :4], encoder_out=enc, incremental_state=state)[0])
+    assert torch.allclose(outs[0], outs[1], atol=1e-6)

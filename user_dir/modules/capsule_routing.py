@@ -193,6 +193,25 @@ def small_bmm(a: Tensor, b: Tensor) -> Tensor:
     return _SmallBatchMatmul.apply(a, b)
 
 
+class _SelfGram(torch.autograd.Function):
+    """``x xᵀ`` for ``x`` ``(G, H, N)`` with few rows (``H``) and long ones: the backward is the one
+    product ``(g + gᵀ) x`` (autograd's two products include one into a transposed ``(G, N, H)``)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return torch.bmm(x, x.transpose(1, 2))
+
+    @staticmethod
+    def backward(ctx, grad):
+        (x,) = ctx.saved_tensors
+        return torch.bmm((grad + grad.transpose(1, 2)).contiguous(), x)
+
+
+def self_gram(x: Tensor) -> Tensor:
+    return _SelfGram.apply(x)
+
+
 def matmul_upper(g: Tensor, c: Tensor, min_block: int = 64) -> Tensor:
     """``g @ c`` for square ``c`` with ``c[m, n] = 0`` for ``m > n`` (causal couplings), skipping
     its zero lower-left block recursively: about half the work of a dense product."""
@@ -449,13 +468,13 @@ class CapsuleRouting(nn.Module):
         n = counts.to(logits.dtype)
         if not self.causal:  # one routing per sentence on the (B, H, Q·K) capsules: attention's own layout
             caps = logits.transpose(1, 2).reshape(bsz, heads, q_len * k_len)
-            gram = torch.bmm(caps, caps.transpose(1, 2))
+            gram = self_gram(caps)
             weights, couplings = dynamic_routing(gram, self.vertical_logits.float(), self.iters,
                                                  self._size(n.sum(1, keepdim=True)), out_dim=-1)
             omega = torch.bmm(weights.transpose(1, 2).contiguous(), caps)  # Ω↕_n = Σ_m w_mn C_m
             return omega.view(bsz, heads, q_len, k_len).transpose(1, 2), couplings.unsqueeze(1)
         rows = logits.reshape(bsz * q_len, heads, k_len)
-        row_gram = torch.bmm(rows, rows.transpose(1, 2)).view(bsz, q_len, heads, heads)
+        row_gram = self_gram(rows).view(bsz, q_len, heads, heads)
         if q_len > 1:  # prefix sums over queries (a single decoding step has none)
             row_gram, n = row_gram.cumsum(1), n.cumsum(1)
         gram = row_gram
