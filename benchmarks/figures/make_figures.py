@@ -116,6 +116,7 @@ def capsule_bleu_seeds(results, plt):
 def capsule_speed(results, plt):
     """Capsule / vanilla ratios against source length, from ``benchmarks/capsule_transformer/speed.py --out``."""
     runs = (("base", "base (paper size), default routing", "o-"), ("multi30k", "multi30k, default routing", "s-"),
+            ("base_enc_self", "base, --routed-attention enc_self", "D--"),
             ("multi30k_enc_self", "multi30k, --routed-attention enc_self", "^-"))
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
     for name, label, style in runs:

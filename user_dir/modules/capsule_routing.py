@@ -581,8 +581,10 @@ class CapsuleMultiheadAttention(MultiheadAttention):
     the output projection are fairseq's; only the logits change (paper Fig. 3):
     ``softmax(E + Ω↕ + Ω↔ + masks)``, ``Ω`` from :class:`CapsuleRouting` on the
     neutralised ``E``.  The routing state of earlier target positions (causal
-    modules) is kept in ``incremental_state`` under ``"capsule_state"`` and
-    reordered with the beam.
+    modules) is kept in ``incremental_state`` under ``"capsule_state"``; beam
+    search's reorder of it (and of self-attention's keys and values) is deferred
+    to the next step, which applies it while growing the state
+    (:meth:`reorder_incremental_state`, :func:`append_rows`).
 
     ``capture = True`` keeps the last call's logits before routing, ``Ω`` and
     the couplings in ``last_capture``; :func:`capturing` sets it for a block of
