@@ -323,8 +323,13 @@ def _take(kept: Tensor, order: Optional[Tensor]) -> Tensor:
     return kept if order is None else kept.index_select(0, order)
 
 
-def _needs_graph(*tensors: Tensor) -> bool:
-    return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
+def _take_into(out: Tensor, kept: Tensor, order: Optional[Tensor]) -> None:
+    """``out.copy_(_take(kept, order))`` with one copy: ``index_select`` writes straight into ``out`` (a
+    view of a larger buffer) unless autograd is recording, which ``out=`` does not support."""
+    if order is not None and not (torch.is_grad_enabled() and (kept.requires_grad or out.requires_grad)):
+        torch.index_select(kept, 0, order, out=out)
+    else:
+        out.copy_(_take(kept, order))
 
 
 STATE_CAPACITY_STEP = 64
@@ -348,11 +353,8 @@ def append_rows(kept: Tensor, new: Tensor, order: Optional[Tensor] = None, dim: 
     shape = list(new.shape)
     shape[dim] = _capacity(total)
     out = new.new_empty(shape).narrow(dim, 0, total)
-    if order is not None and not _needs_graph(kept, new):  # out= has no autograd
-        torch.index_select(kept, 0, order, out=out.narrow(dim, 0, past))
-    else:
-        out.narrow(dim, 0, past).copy_(kept if order is None else kept.index_select(0, order))
     out.narrow(dim, past, new.size(dim)).copy_(new)
+    _take_into(out.narrow(dim, 0, past), kept, order)
     return out
 
 
@@ -364,10 +366,7 @@ def grow_gram(gram: Tensor, cols: Tensor, order: Optional[Tensor] = None) -> Ten
     block = cols[:, past:]
     total = cols.size(1)
     grown = cols.new_empty(cols.size(0), _capacity(total), _capacity(total))[:, :total, :total]
-    if order is not None and not _needs_graph(gram, cols):
-        torch.index_select(gram, 0, order, out=grown[:, :past, :past])
-    else:
-        grown[:, :past, :past] = gram if order is None else gram.index_select(0, order)
+    _take_into(grown[:, :past, :past], gram, order)
     grown[:, :past, past:] = cols[:, :past]
     grown[:, past:, :past] = cols[:, :past].transpose(1, 2)
     grown[:, past:, past:] = block.triu() + block.triu(1).transpose(1, 2)
