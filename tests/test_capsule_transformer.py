@@ -355,4 +355,16 @@ def test_decode_suffix_omega_equals_suffix_weighted_sums(size):
     diag = block_diagonal(cube, 0, block=4)
     grown = torch.cat([block_diagonal(cube[:, m:m + 1, :, :m + 1], m, block=4) for m in range(size)], dim=1)
     assert torch.equal(grown, diag)
-    assert torch.allclose(decode_suffix_omega(w, q_rows, k, diag, block=4), expected, atol=1e-5)
+    omega = decode_suffix_omega(w, q_rows, k, diag, block=4)
+    assert torch.allclose(omega, expected, atol=1e-5)
+    # decoding keeps these as views of buffers with room for more rows (append_rows), whose spare rows
+    # hold anything: NaN there must not reach the result
+    room = size + 7
+
+    def in_buffer(x, dim):
+        shape = list(x.shape)
+        shape[dim] = room
+        return torch.full(shape, float("nan")).narrow(dim, 0, size).copy_(x)
+
+    spare = decode_suffix_omega(w, in_buffer(q_rows, 1), in_buffer(k, 2), in_buffer(diag, 1), block=4)
+    assert torch.equal(spare, omega)

@@ -1,6 +1,7 @@
 """capsule_transformer in beam search (distinct beams, reorders, a shrinking batch) and without host syncs."""
 import pytest
 import torch
+import torch.nn.functional as F
 from fairseq.data import data_utils
 
 from tests.helpers import beam
@@ -96,9 +97,9 @@ def test_no_host_sync_in_training_or_decoding():
 
 @pytest.mark.parametrize("grad", [False, True], ids=["no-grad", "grad"])
 def test_state_growth_applies_the_beam_order(grad):
-    """append_rows / grow_gram equal an index_select then a cat (and keep autograd when it is on),
-    their results being views of buffers with spare steps."""
-    from user_dir.modules.capsule_routing import append_rows, grow_gram
+    """append_rows / grow_gram / grow_rows equal an index_select then a cat (and keep autograd when it
+    is on), their results being views of buffers with spare steps."""
+    from user_dir.modules.capsule_routing import append_rows, grow_gram, grow_rows
 
     g = torch.Generator().manual_seed(0)
     order = torch.tensor([2, 0, 0, 1])  # 3 rows to 4: permuted and duplicated
@@ -115,6 +116,10 @@ def test_state_growth_applies_the_beam_order(grad):
         old = gram.index_select(0, order)
         full = torch.cat([torch.cat([old, cols[:, :5].transpose(1, 2)], 1), cols], 2)
         assert torch.equal(grow_gram(gram, cols, order), full)
+        rows = torch.randn(3, 5, 2, 5, generator=g, requires_grad=grad)  # logit rows (B, M, H, K)
+        new_rows = torch.randn(4, 1, 2, 6, generator=g)
+        expected_rows = torch.cat([F.pad(rows.index_select(0, order), (0, 1)), new_rows], dim=1)
+        assert torch.equal(grow_rows(rows, new_rows, order), expected_rows)
     if grad:
         grown.sum().backward()
         assert torch.equal(kept.grad[:, 0, 0], torch.tensor([2.0, 1.0, 1.0]))  # row 0 taken twice

@@ -125,7 +125,7 @@ def _scalar(value: float, like: Tensor) -> Tensor:
     return _constant(value, like.dtype, like.device)
 
 
-def dynamic_routing(gram: Tensor, init_logits: Tensor, iters: int, size: Tensor,
+def dynamic_routing(gram: Tensor, init_logits: Tensor, iters: int, size: Optional[Tensor],
                     out_dim: int, visible: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
     """Dynamic routing (paper Alg. 1) with identity votes, in Gram-matrix form.
 
@@ -139,7 +139,7 @@ def dynamic_routing(gram: Tensor, init_logits: Tensor, iters: int, size: Tensor,
             initial routing logits ``B⁰``.
         iters: number of routing iterations ``r`` (≥ 1).
         size: capsule size that norms are divided by, broadcastable to
-            ``(G, N)`` (1 for the literal L2 squash).
+            ``(G, N)``; ``None`` for the literal L2 squash (no division).
         out_dim: the dimension of ``init_logits`` the couplings are normalised
             over: ``-1`` (output capsules, Sabour) or ``-2`` (input capsules).
         visible: optional bool ``(G, M, N)``: input ``m`` may vote for output ``n``;
@@ -148,8 +148,8 @@ def dynamic_routing(gram: Tensor, init_logits: Tensor, iters: int, size: Tensor,
 
     Returns ``(weights, couplings)``: ``Ω_n = Σ_m weights_{mn} C_m``.
     """
-    logits, inv_size = init_logits, size.reciprocal()
-    if inv_size.dim():
+    logits, inv_size = init_logits, None if size is None else size.reciprocal()
+    if inv_size is not None and inv_size.dim():
         inv_size = inv_size.unsqueeze(-2)  # (G, 1, N)
     for it in range(iters):
         if visible is not None:
@@ -165,9 +165,10 @@ def dynamic_routing(gram: Tensor, init_logits: Tensor, iters: int, size: Tensor,
             agree = matmul_upper(gram, couplings)
         else:
             agree = torch.bmm(gram, couplings)  # <C_m, s_n>
-        gain = squash_gain((couplings * agree).sum(-2, keepdim=True) * inv_size)  # (G, 1, N)
+        sq_norm = (couplings * agree).sum(-2, keepdim=True)  # (G, 1, N)
+        gain = squash_gain(sq_norm if inv_size is None else sq_norm * inv_size)
         if it + 1 < iters:
-            logits = torch.addcmul(logits, agree, gain * inv_size)
+            logits = torch.addcmul(logits, agree, gain if inv_size is None else gain * inv_size)
     return couplings * gain, couplings
 
 
@@ -190,6 +191,8 @@ class _SmallBatchMatmul(torch.autograd.Function):
 
 
 def small_bmm(a: Tensor, b: Tensor) -> Tensor:
+    if not torch.is_grad_enabled():  # decoding: no autograd.Function overhead
+        return torch.bmm(a.contiguous(), b)
     return _SmallBatchMatmul.apply(a, b)
 
 
@@ -209,6 +212,8 @@ class _SelfGram(torch.autograd.Function):
 
 
 def self_gram(x: Tensor) -> Tensor:
+    if not torch.is_grad_enabled():
+        return torch.bmm(x, x.transpose(1, 2))
     return _SelfGram.apply(x)
 
 
@@ -279,6 +284,22 @@ def block_diagonal(logits: Tensor, first: int, block: int = 16) -> Tensor:
     return picked * (idx <= rows.unsqueeze(1)).to(logits.dtype).view(1, q_len, 1, block)
 
 
+def _whole_blocks(x: Tensor, block: int) -> Tensor:
+    """``x`` ``(G, M, W)`` as ``(G, C, block, W)``: its buffer's rows, up to the ``C`` whole blocks of
+    ``block`` rows that it holds.  Decoding state is a view of a buffer with room for more rows
+    (:func:`append_rows`), so a ``(G, M // block, block, W)`` view of it is no batch of matrices and a
+    per-block ``matmul`` would copy it; the buffer's whole blocks are.  Rows from ``M`` on are whatever the
+    buffer holds: only products of blocks inside ``M`` may be used."""
+    groups, rows, width = x.shape
+    if x.stride(2) != 1 or x.stride(1) != width:
+        x = x.contiguous()
+    room = rows
+    if groups > 1 and x.stride(0) % width == 0:
+        held = x.untyped_storage().nbytes() // x.element_size() - x.storage_offset() - (groups - 1) * x.stride(0)
+        room = max(rows, min(x.stride(0), held) // width)
+    return x.as_strided((groups, room // block, block, width), (x.stride(0), block * width, width, 1))
+
+
 def decode_suffix_omega(w: Tensor, q_rows: Tensor, key: Tensor, diag: Tensor, block: int = 16) -> Tensor:
     """``Ω_h[k] = Σ_{m ≥ k} w_m E_h[m, k]`` of one decoding step in causal self-attention, ``(B, H, M)``.
 
@@ -286,8 +307,9 @@ def decode_suffix_omega(w: Tensor, q_rows: Tensor, key: Tensor, diag: Tensor, bl
     ``diag`` ``(B, M, H, block)`` from :func:`block_diagonal`.  For ``k`` in block ``j``:
     ``k_k^h · Σ_{m in blocks > j} w_m q_m^h`` (block totals and their suffix sum, ``O(M·D)``) plus
     ``Σ_{m in block j} w_m E_h[m, k]`` from the kept in-block logits (``O(M·H·block)``), instead of
-    :func:`suffix_weighted_sums`' ``O(M·D·block)``.  The last block (1 to ``block`` rows, the new
-    one among them) is handled on its own: no padded copy of ``q_rows``.
+    :func:`suffix_weighted_sums`' ``O(M·D·block)``.  The weighted block sums of ``q_rows`` and ``diag`` are
+    batched matmuls on the state's buffers (:func:`_whole_blocks`), not on copies.  The last block
+    (1 to ``block`` rows, the new one among them) is handled on its own.
     """
     bsz, total = w.shape
     heads, hd = key.size(1), key.size(-1)
@@ -297,14 +319,17 @@ def decode_suffix_omega(w: Tensor, q_rows: Tensor, key: Tensor, diag: Tensor, bl
     if not start:
         return tail
     full = start // block
+    q_blocks = _whole_blocks(q_rows, block)  # (B, nq, block, D)
+    w_blocks = F.pad(w[:, :start], (0, q_blocks.size(1) * block - start)).view(bsz, -1, 1, block)
+    totals = torch.matmul(w_blocks, q_blocks)[:, 1:full, 0]  # (B, full - 1, D): blocks 1 .. full - 1
     a_tail = torch.bmm(w_tail.unsqueeze(1), q_rows[:, start:])  # (B, 1, D): the last block's total
-    totals = torch.matmul(w[:, :start].reshape(bsz, full, 1, block),
-                          q_rows[:, :start].view(bsz, full, block, -1)).squeeze(2)  # (B, nb, D)
-    later = torch.cat([totals[:, 1:], a_tail], dim=1).flip(1).cumsum(1).flip(1)  # blocks after each block
-    later = later.view(bsz, full, heads, 1, hd).transpose(1, 2)  # (B, H, nb, 1, d)
-    across = (key[:, :, :start].view(bsz, heads, full, block, hd) * later).sum(-1)  # (B, H, nb, block)
-    within = (w[:, :start].view(bsz, full, block, 1, 1)
-              * diag[:, :start].view(bsz, full, block, heads, block)).sum(2)  # (B, nb, H, block)
+    later = torch.cat([totals, a_tail], dim=1).flip(1).cumsum(1).flip(1)  # (B, full, D): blocks after each
+    later = later.view(bsz, full, heads, 1, hd).transpose(1, 2)  # (B, H, full, 1, d)
+    across = (key[:, :, :start].view(bsz, heads, full, block, hd) * later).sum(-1)  # (B, H, full, block)
+    d_blocks = _whole_blocks(diag.flatten(2), block)  # (B, nd, block, H·block)
+    if d_blocks.size(1) != q_blocks.size(1):
+        w_blocks = F.pad(w[:, :start], (0, d_blocks.size(1) * block - start)).view(bsz, -1, 1, block)
+    within = torch.matmul(w_blocks, d_blocks)[:, :full, 0].view(bsz, full, heads, block)  # (B, full, H, block)
     head = (across + within.transpose(1, 2)).reshape(bsz, heads, start)
     return torch.cat([head, tail], dim=-1)
 
@@ -332,6 +357,24 @@ def _take_into(out: Tensor, kept: Tensor, order: Optional[Tensor]) -> None:
         out.copy_(_take(kept, order))
 
 
+def _offset_index(past: int, total: int, max_distance: int, device: torch.device) -> Tensor:
+    """``[m, n - past]`` = index of ``n - m`` clamped to ``±max_distance`` in the relative-position table,
+    for input rows ``m < total`` and output rows ``past <= n < total``."""
+    if total - past == 1:  # a decoding step: a small index, the same at every call of that length
+        return _decoding_offset_index(total, max_distance, device)
+    m_pos = torch.arange(total, device=device)
+    n_pos = torch.arange(past, total, device=device)
+    return (n_pos.unsqueeze(0) - m_pos.unsqueeze(1)).clamp(-max_distance, max_distance) + max_distance
+
+
+@functools.lru_cache(maxsize=4096)
+def _decoding_offset_index(total: int, max_distance: int, device: torch.device) -> Tensor:
+    """:func:`_offset_index` of one decoding step, ``(total, 1)``, cached (a few bytes per target length,
+    like :func:`_upper_ones` never modified in place): it saves five small ops per module and step."""
+    return (total - 1 - torch.arange(total, device=device)).clamp(-max_distance, max_distance).unsqueeze(1) \
+        + max_distance
+
+
 STATE_CAPACITY_STEP = 64
 
 
@@ -355,6 +398,23 @@ def append_rows(kept: Tensor, new: Tensor, order: Optional[Tensor] = None, dim: 
     out = new.new_empty(shape).narrow(dim, 0, total)
     out.narrow(dim, past, new.size(dim)).copy_(new)
     _take_into(out.narrow(dim, 0, past), kept, order)
+    return out
+
+
+def grow_rows(kept: Tensor, new: Tensor, order: Optional[Tensor] = None) -> Tensor:
+    """Causal self-attention logit rows ``(B, P, H, P)`` (row ``m`` 0 beyond key ``m``, as kept while
+    decoding) grown by the new rows ``new`` ``(B, Q, H, P + Q)``: ``(B, P + Q, H, P + Q)``, the kept rows
+    taken in beam ``order`` first (as :func:`append_rows`).  One copy of the kept rows, straight into
+    their place (a pad to the new width, a ``cat`` and a reorder copy them three times); the result is a
+    view of a buffer of :func:`_capacity` ``²`` entries per row and head, its inner ``(H, K)`` contiguous."""
+    bsz, q_len, heads, total = new.shape
+    past = kept.size(1)
+    cap = _capacity(total)
+    out = new.new_empty(bsz * cap * heads * cap)[:bsz * cap * heads * total].view(bsz, cap, heads, total)
+    out = out[:, :total]
+    _take_into(out[:, :past, :, :past], kept, order)
+    out[:, :past, :, past:] = 0.0  # earlier rows do not see the new keys
+    out[:, past:] = new
     return out
 
 
@@ -458,8 +518,9 @@ class CapsuleRouting(nn.Module):
                 omega = omega * self.omega_gate.float().view(1, 1, -1, 1)
         return omega.to(dtype), new_state, info
 
-    def _size(self, n: Tensor) -> Tensor:
-        return n.clamp_min(1.0) if self.squash == "rms" else torch.ones_like(n)
+    def _size(self, n: Tensor) -> Optional[Tensor]:
+        """Capsule size that norms are divided by: ``None`` (no division) for the L2 squash."""
+        return n.clamp_min(1.0) if self.squash == "rms" else None
 
     def _vertical(self, logits, counts, state, new_state, order=None):
         """One capsule per head (M = N = H); per-query prefix routing when causal."""
@@ -481,8 +542,10 @@ class CapsuleRouting(nn.Module):
             gram = gram + _take(state["vertical_gram"], order).unsqueeze(1)
             n = n + _take(state["vertical_count"], order)
         new_state["vertical_gram"], new_state["vertical_count"] = gram[:, -1], n[:, -1:]
+        size = self._size(n)
         weights, couplings = dynamic_routing(gram.view(bsz * q_len, heads, heads), self.vertical_logits.float(),
-                                             self.iters, self._size(n).view(bsz * q_len, 1), out_dim=-1)
+                                             self.iters, None if size is None else size.view(bsz * q_len, 1),
+                                             out_dim=-1)
         omega = small_bmm(weights.transpose(1, 2), rows)  # Ω↕_n = Σ_m w_mn C_m, query by query
         return omega.view(bsz, q_len, heads, k_len), couplings.view(bsz, q_len, heads, heads)
 
@@ -502,8 +565,7 @@ class CapsuleRouting(nn.Module):
         if query is None or (not past and k_len <= query.size(-1)) or keep_rows or "horizontal_rows" in state:
             rows = logits
             if "horizontal_rows" in state:  # earlier rows saw fewer keys: 0 beyond
-                kept = _take(state["horizontal_rows"], order)
-                rows = torch.cat([F.pad(kept, (0, k_len - kept.size(-1))), logits], dim=1)
+                rows = grow_rows(state["horizontal_rows"], logits, order)
             rows = rows.reshape(bsz, total, heads * k_len)
         if query is not None:  # q_m, pad rows zeroed, heads concatenated
             valid = (counts > 0).to(logits.dtype).view(bsz, 1, q_len, 1)
@@ -544,18 +606,16 @@ class CapsuleRouting(nn.Module):
                 new_state["horizontal_u"] = u_rows
                 if keys_are_rows:
                     new_state["horizontal_diag"] = diag
-        m_pos = torch.arange(total, device=logits.device)
-        n_pos = torch.arange(past, total, device=logits.device)
-        rel = (n_pos.unsqueeze(0) - m_pos.unsqueeze(1)).clamp(-self.max_distance, self.max_distance)
-        init = self.horizontal_logits.float()[rel + self.max_distance]  # (M, Q)
+        init = self.horizontal_logits.float()[_offset_index(past, total, self.max_distance, logits.device)]
         # pad rows are no capsules: a -1e4 initial logit keeps their couplings at 0 in every iteration
         # (their agreement stays 0, their logits being 0) -- no mask to test for, no host sync
         empty = (row_counts == 0).to(logits.dtype) * _scalar(-1e4, logits)  # (B, M)
         init = init + empty.unsqueeze(-1)  # (B, M, Q)
         visible = None
         if self.causal and q_len > 1:  # one new query (a decoding step) sees every earlier row
-            visible = m_pos.unsqueeze(1) <= n_pos.unsqueeze(0)  # (M, Q), broadcast over the batch
-        size = self._size(counts.to(logits.dtype) * heads)  # (B, Q): entries of output capsule n
+            visible = (torch.arange(total, device=logits.device).unsqueeze(1)
+                       <= torch.arange(past, total, device=logits.device).unsqueeze(0))  # (M, Q), for the batch
+        size = self._size(counts.to(logits.dtype) * heads) if self.squash == "rms" else None  # (B, Q)
         weights, couplings = dynamic_routing(gram, init, self.iters, size, out_dim=-2, visible=visible)
         wt = weights.transpose(1, 2)  # (B, Q, M): Ω_n = Σ_m w_mn C_m
         if rows is not None:
