@@ -367,7 +367,7 @@ def _offset_index(past: int, total: int, max_distance: int, device: torch.device
     return (n_pos.unsqueeze(0) - m_pos.unsqueeze(1)).clamp(-max_distance, max_distance) + max_distance
 
 
-@functools.lru_cache(maxsize=4096)
+@functools.lru_cache(maxsize=1024)
 def _decoding_offset_index(total: int, max_distance: int, device: torch.device) -> Tensor:
     """:func:`_offset_index` of one decoding step, ``(total, 1)``, cached (a few bytes per target length,
     like :func:`_upper_ones` never modified in place): it saves five small ops per module and step."""
