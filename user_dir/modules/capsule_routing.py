@@ -278,6 +278,9 @@ def block_diagonal(logits: Tensor, first: int, block: int = 16) -> Tensor:
     with ``[b, m, h, j] = E_h[m, s_m + j]`` (``s_m`` the first row of ``m``'s block of ``block`` rows)
     and 0 for keys after ``m``; ``logits`` ``(B, Q, H, K)``, key ``k`` being row ``k``."""
     bsz, q_len, heads, k_len = logits.shape
+    if q_len == 1:  # a decoding step: row `first` sees keys s .. first of its block, then zeros
+        start = first // block * block
+        return F.pad(logits[..., start:first + 1], (0, block - (first + 1 - start)))
     rows = torch.arange(first, first + q_len, device=logits.device)
     idx = (rows // block * block).unsqueeze(1) + torch.arange(block, device=logits.device)  # (Q, block)
     picked = F.pad(logits, (0, block)).gather(3, idx.view(1, q_len, 1, block).expand(bsz, q_len, heads, block))
@@ -429,7 +432,7 @@ def grow_gram(gram: Tensor, cols: Tensor, order: Optional[Tensor] = None) -> Ten
     _take_into(grown[:, :past, :past], gram, order)
     grown[:, :past, past:] = cols[:, :past]
     grown[:, past:, :past] = cols[:, :past].transpose(1, 2)
-    grown[:, past:, past:] = block.triu() + block.triu(1).transpose(1, 2)
+    grown[:, past:, past:] = block if block.size(1) == 1 else block.triu() + block.triu(1).transpose(1, 2)
     return grown
 
 
@@ -535,17 +538,19 @@ class CapsuleRouting(nn.Module):
             return omega.view(bsz, heads, q_len, k_len).transpose(1, 2), couplings.unsqueeze(1)
         rows = logits.reshape(bsz * q_len, heads, k_len)
         row_gram = self_gram(rows).view(bsz, q_len, heads, heads)
-        if q_len > 1:  # prefix sums over queries (a single decoding step has none)
-            row_gram, n = row_gram.cumsum(1), n.cumsum(1)
-        gram = row_gram
+        gram = row_gram.cumsum(1) if q_len > 1 else row_gram  # prefix sums over queries
         if "vertical_gram" in state:
             gram = gram + _take(state["vertical_gram"], order).unsqueeze(1)
-            n = n + _take(state["vertical_count"], order)
-        new_state["vertical_gram"], new_state["vertical_count"] = gram[:, -1], n[:, -1:]
-        size = self._size(n)
+        new_state["vertical_gram"] = gram[:, -1]
+        size = None
+        if self.squash == "rms":  # the prefix capsules' entries (the L2 squash divides by no size)
+            n = n.cumsum(1) if q_len > 1 else n
+            if "vertical_count" in state:
+                n = n + _take(state["vertical_count"], order)
+            new_state["vertical_count"] = n[:, -1:]
+            size = self._size(n).view(bsz * q_len, 1)
         weights, couplings = dynamic_routing(gram.view(bsz * q_len, heads, heads), self.vertical_logits.float(),
-                                             self.iters, None if size is None else size.view(bsz * q_len, 1),
-                                             out_dim=-1)
+                                             self.iters, size, out_dim=-1)
         omega = small_bmm(weights.transpose(1, 2), rows)  # Ω↕_n = Σ_m w_mn C_m, query by query
         return omega.view(bsz, q_len, heads, k_len), couplings.view(bsz, q_len, heads, heads)
 
