@@ -293,13 +293,17 @@ def test_capturing_keeps_the_routing_only_inside_the_block():
 
 @pytest.mark.parametrize("size", [5, 127, 128, 257])
 def test_triangular_products_equal_dense_ones(size):
-    from user_dir.modules.capsule_routing import matmul_lower, matmul_upper
+    from user_dir.modules.capsule_routing import matmul_lower, matmul_tril, matmul_triu, matmul_upper
 
     g = torch.Generator().manual_seed(size)
     w, e = torch.randn(2, 1, size, size, generator=g).tril(), torch.randn(2, 3, size, size, generator=g).tril()
     gram, c = torch.randn(2, size, size, generator=g), torch.randn(2, size, size, generator=g).triu()
     assert torch.allclose(matmul_lower(w, e), w @ e, atol=1e-4)
     assert torch.allclose(matmul_upper(gram, c), gram @ c, atol=1e-4)
+    keys = torch.randn(2, 3, size, 7, generator=g)
+    assert torch.allclose(matmul_tril(e, keys), e @ keys, atol=1e-4)  # u_m = Σ_{k<=m} E_mk k_k
+    u, q = torch.randn(2, size, 9, generator=g), torch.randn(2, 9, size, generator=g)
+    assert torch.allclose(matmul_triu(u, q).triu(), (u @ q).triu(), atol=1e-4)  # only the upper triangle
 
 
 def test_factored_horizontal_gram_equals_the_capsule_gram():

@@ -242,6 +242,32 @@ def matmul_lower(w: Tensor, e: Tensor, min_block: int = 64) -> Tensor:
     return torch.cat([top, bottom], dim=-2)
 
 
+def matmul_tril(e: Tensor, x: Tensor, min_block: int = 64) -> Tensor:
+    """``e @ x`` for square lower-triangular ``e`` (``e[i, j] = 0`` for ``j > i``: causal logits) and any
+    ``x``, skipping ``e``'s zero upper-right blocks recursively: about half the work of a dense product."""
+    size = e.size(-1)
+    if size < 2 * min_block or e.size(-2) != size:
+        return torch.matmul(e, x)
+    h = size // 2
+    top = matmul_tril(e[..., :h, :h], x[..., :h, :], min_block)
+    bottom = torch.matmul(e[..., h:, :h], x[..., :h, :]) + matmul_tril(e[..., h:, h:], x[..., h:, :], min_block)
+    return torch.cat([top, bottom], dim=-2)
+
+
+def matmul_triu(a: Tensor, b: Tensor, min_block: int = 64) -> Tensor:
+    """The upper triangle (``[m, n]``, ``m <= n``) of the square product ``a @ b``, its lower-left blocks
+    skipped recursively (0 there, or the product's own values near the diagonal): about half the work."""
+    size = a.size(-2)
+    if size < 2 * min_block or b.size(-1) != size:
+        return torch.matmul(a, b)
+    h = size // 2
+    top = torch.cat([matmul_triu(a[..., :h, :], b[..., :h], min_block), torch.matmul(a[..., :h, :], b[..., h:])],
+                    dim=-1)
+    corner = matmul_triu(a[..., h:, :], b[..., h:], min_block)
+    bottom = torch.cat([corner.new_zeros(corner.shape[:-1] + (h,)), corner], dim=-1)
+    return torch.cat([top, bottom], dim=-2)
+
+
 @functools.lru_cache(maxsize=None)
 def _upper_ones(size: int, dtype: torch.dtype, device: torch.device) -> Tensor:
     """``[k, m] = 1`` where ``m >= k`` (cached; never modified in place)."""
@@ -343,7 +369,7 @@ def factored_gram(u: Tensor, q: Tensor) -> Tensor:
     ``q``, ``u``: ``(B, M, D)``, heads concatenated (see :meth:`CapsuleRouting._horizontal`).
     One ``(M × D)·(D × M)`` product: ``O(M²·D)``, never the ``(M × H·K)`` capsules.
     """
-    x = torch.bmm(u, q.transpose(1, 2))  # x_mn = u_m · q_n, right for m <= n
+    x = matmul_triu(u, q.transpose(1, 2))  # x_mn = u_m · q_n, right (and computed) for m <= n
     return x.triu() + x.triu(1).transpose(1, 2)
 
 
@@ -586,7 +612,9 @@ class CapsuleRouting(nn.Module):
                 u_rows = append_rows(state["horizontal_u"], u_new, order)
             else:  # all rows at once (a full pass, or when decoding stops keeping the logit rows)
                 cube = logits if rows is None else rows.view(bsz, total, heads, k_len)
-                u_rows = torch.matmul(cube.transpose(1, 2), key).transpose(1, 2).reshape(bsz, total, -1)
+                e = cube.transpose(1, 2)  # causal self-attention: row m sees keys <= m, a triangular product
+                u = matmul_tril(e, key) if self.causal and keys_are_rows else torch.matmul(e, key)
+                u_rows = u.transpose(1, 2).reshape(bsz, total, -1)
             # in-block logits for decode_suffix_omega (decoder self-attention), kept like u_m
             if self.causal and keys_are_rows and (keep or "horizontal_diag" in state):
                 if "horizontal_diag" in state:
