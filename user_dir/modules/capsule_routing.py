@@ -386,22 +386,22 @@ def _take_into(out: Tensor, kept: Tensor, order: Optional[Tensor]) -> None:
         out.copy_(_take(kept, order))
 
 
-def _offset_index(past: int, total: int, max_distance: int, device: torch.device) -> Tensor:
-    """``[m, n - past]`` = index of ``n - m`` clamped to ``±max_distance`` in the relative-position table,
-    for input rows ``m < total`` and output rows ``past <= n < total``."""
-    if total - past == 1:  # a decoding step: a small index, the same at every call of that length
-        return _decoding_offset_index(total, max_distance, device)
-    m_pos = torch.arange(total, device=device)
-    n_pos = torch.arange(past, total, device=device)
-    return (n_pos.unsqueeze(0) - m_pos.unsqueeze(1)).clamp(-max_distance, max_distance) + max_distance
+def _offsets(past: int, total: int, device: torch.device) -> Tensor:
+    """``[m, n - past] = n - m`` for input rows ``m < total`` and output rows ``past <= n < total``."""
+    return torch.arange(past, total, device=device).unsqueeze(0) - torch.arange(total, device=device).unsqueeze(1)
+
+
+def _offset_index(offsets: Tensor, max_distance: int) -> Tensor:
+    """Index of each offset in the relative-position table: clamped to ``±max_distance``."""
+    return offsets.clamp(-max_distance, max_distance) + max_distance
 
 
 @functools.lru_cache(maxsize=1024)
 def _decoding_offset_index(total: int, max_distance: int, device: torch.device) -> Tensor:
-    """:func:`_offset_index` of one decoding step, ``(total, 1)``, cached (a few bytes per target length,
-    like :func:`_upper_ones` never modified in place): it saves five small ops per module and step."""
-    return (total - 1 - torch.arange(total, device=device)).clamp(-max_distance, max_distance).unsqueeze(1) \
-        + max_distance
+    """:func:`_offset_index` of one decoding step (output row ``total - 1``), ``(total, 1)``, cached (a few
+    bytes per target length, like :func:`_upper_ones` never modified in place): it saves five small ops per
+    module and step."""
+    return _offset_index(_offsets(total - 1, total, device), max_distance)
 
 
 STATE_CAPACITY_STEP = 64
@@ -547,9 +547,10 @@ class CapsuleRouting(nn.Module):
                 omega = omega * self.omega_gate.float().view(1, 1, -1, 1)
         return omega.to(dtype), new_state, info
 
-    def _size(self, n: Tensor) -> Optional[Tensor]:
-        """Capsule size that norms are divided by: ``None`` (no division) for the L2 squash."""
-        return n.clamp_min(1.0) if self.squash == "rms" else None
+    def _size(self, n: Tensor, per: int = 1) -> Optional[Tensor]:
+        """Capsule size that norms are divided by, from ``n`` visible logits of ``per`` entries each:
+        ``None`` (no division) for the L2 squash."""
+        return (n * per if per != 1 else n).clamp_min(1.0) if self.squash == "rms" else None
 
     def _vertical(self, logits, counts, state, new_state, order=None):
         """One capsule per head (M = N = H); per-query prefix routing when causal."""
@@ -583,7 +584,7 @@ class CapsuleRouting(nn.Module):
     def _horizontal(self, logits, counts, state, new_state, query, key, keys_are_rows, order=None):
         """One capsule per query token (its logits on all heads, ``H·K`` entries), decision 8."""
         bsz, q_len, heads, k_len = logits.shape
-        row_counts = counts.to(logits.dtype)
+        row_counts = new_counts = counts.to(logits.dtype)
         if query is None and state:
             raise ValueError("incremental horizontal routing needs the queries and keys of the logits")
         keep = self.causal and query is not None and new_state is not None
@@ -639,16 +640,20 @@ class CapsuleRouting(nn.Module):
                 new_state["horizontal_u"] = u_rows
                 if keys_are_rows:
                     new_state["horizontal_diag"] = diag
-        init = self.horizontal_logits.float()[_offset_index(past, total, self.max_distance, logits.device)]
+        visible = None
+        if q_len == 1:  # a decoding step
+            index = _decoding_offset_index(total, self.max_distance, logits.device)
+        else:
+            offsets = _offsets(past, total, logits.device)
+            index = _offset_index(offsets, self.max_distance)
+            if self.causal:  # output row n sees input rows m <= n: (M, Q), broadcast over the batch
+                visible = offsets >= 0
+        init = self.horizontal_logits.float()[index]  # (M, Q)
         # pad rows are no capsules: a -1e4 initial logit keeps their couplings at 0 in every iteration
         # (their agreement stays 0, their logits being 0) -- no mask to test for, no host sync
         empty = (row_counts == 0).to(logits.dtype) * _scalar(-1e4, logits)  # (B, M)
         init = init + empty.unsqueeze(-1)  # (B, M, Q)
-        visible = None
-        if self.causal and q_len > 1:  # one new query (a decoding step) sees every earlier row
-            visible = (torch.arange(total, device=logits.device).unsqueeze(1)
-                       <= torch.arange(past, total, device=logits.device).unsqueeze(0))  # (M, Q), for the batch
-        size = self._size(counts.to(logits.dtype) * heads) if self.squash == "rms" else None  # (B, Q)
+        size = self._size(new_counts, per=heads)  # (B, Q): entries of output capsule n
         weights, couplings = dynamic_routing(gram, init, self.iters, size, out_dim=-2, visible=visible)
         wt = weights.transpose(1, 2)  # (B, Q, M): Ω_n = Σ_m w_mn C_m
         if rows is not None:
