@@ -321,6 +321,30 @@ def test_factored_horizontal_gram_equals_the_capsule_gram():
                               atol=1e-4)
 
 
+@pytest.mark.parametrize("kind", ["self", "cross"])
+def test_factored_routing_with_key_padding_equals_the_explicit_capsules(kind):
+    """Long rows (``M·K > (M + K)·d``) take ``u_m = q_m (K_hᵀ K_h)`` (:func:`key_gram_u`), which needs the pad
+    keys zeroed: ``Ω↔`` must equal routing over the explicit ``(M × H·K)`` capsules at every visible entry."""
+    torch.manual_seed(0)
+    attention = CapsuleMultiheadAttention(16, 4, CapsuleRouting(4, routing="horizontal"),
+                                          self_attention=kind == "self", encoder_decoder_attention=kind == "cross")
+    x, memory = torch.randn(30, 2, 16), torch.randn(26, 2, 16)
+    key_pad = torch.zeros(2, 30 if kind == "self" else 26, dtype=torch.bool)
+    key_pad[0, :9] = True  # left padding
+    key = x if kind == "self" else memory
+    with torch.no_grad():
+        attention.capture = True
+        attention(x, key, key, key_padding_mask=key_pad)
+        captured = attention.last_capture
+        visible = captured["visible"]  # (B, T, S)
+        routed = visible & ~key_pad.unsqueeze(2) if kind == "self" else visible
+        cube = captured["logits_before"].transpose(1, 2).masked_fill(~routed.unsqueeze(2), 0.0)
+        explicit, _, _ = attention.capsule(cube, routed.sum(-1))  # no factors: the capsules themselves
+    factored = captured["omega_horizontal"]
+    mask = routed.unsqueeze(2).expand_as(factored)
+    assert torch.allclose(factored[mask], explicit[mask], atol=1e-5), (factored - explicit)[mask].abs().max()
+
+
 def test_long_target_full_pass_equals_decoding():
     """At 140 target tokens the full pass takes the blocked triangular products and decoding the kept
     Gram: both must still agree."""

@@ -59,21 +59,21 @@ Reconstruction decisions (the paper's equations are not available)
    starts as the plain transformer and learns how much routing to add
    (``H`` more parameters per routed module).  For short training budgets,
    where ``Ω`` at full strength slows early learning (BENCHMARKS.md).
-8. *Horizontal routing from the query/key factors* (cost, not semantics).  A
-   horizontal capsule is ``C_m = (q_m^h·k_k^h)`` over the heads ``h`` and the keys
-   ``k`` row ``m`` sees.  When those key sets are nested (key padding: all rows see
-   the same keys; causal self-attention: row ``m`` sees keys ``≤ m``; these are the
-   masks the model's layers pass) the Gram matrix is ``G_mn = u_min(m,n)·q_max(m,n)``
-   with ``u_m = Σ_k E_mk k_k`` (heads concatenated, ``D = H·d``): ``O(M²·D)`` instead
-   of forming the ``(M × H·K)`` capsules (``O(H·M³)``).  ``Ω = Σ_m w_mn C_m`` is
-   ``(Wᵀ Q_h) K_hᵀ`` when all rows see the same keys, ``Wᵀ E_h`` in a causal
-   self-attention pass, and ``k_k · Σ_{m≥k} w_mn q_m`` (a suffix sum) while decoding.
-   Decoding keeps ``G`` (grown by one column per token) and ``q_m`` of the earlier rows,
-   plus, in decoder self-attention, their logit rows while the target is at most twice
-   the head width (``H·M² ≤ 2·M·D``: the cheaper state there) and ``u_m`` beyond, with
-   the logits ``E_h[m, k]`` of each row inside its block of 16 rows: a step's suffix sum is
-   then ``k_k · Σ_{m in later blocks} w_m q_m`` (block totals, ``O(M·D)``) plus the kept
-   in-block logits weighted (``O(M·H·16)``), not ``O(M·D·16)`` (:func:`decode_suffix_omega`).
+8. *Horizontal routing from the query/key factors* (cost, not semantics).  A horizontal
+   capsule is ``C_m = (q_m^h·k_k^h)`` over the heads ``h`` and the keys ``k`` row ``m``
+   sees.  When those key sets are nested (key padding: all rows see the same keys; causal
+   self-attention: row ``m`` sees keys ``≤ m``; these are the masks the model's layers pass)
+   the Gram matrix is ``G_mn = u_min(m,n)·q_max(m,n)`` with ``u_m = Σ_k E_mk k_k`` (heads
+   concatenated, ``D = H·d``; ``q_m K_hᵀK_h`` per head when all rows see the same keys):
+   ``O(M²·D)`` instead of forming the ``(M × H·K)`` capsules (``O(H·M³)``).
+   ``Ω = Σ_m w_mn C_m`` is ``(Wᵀ Q_h) K_hᵀ`` when all rows see the same keys, ``Wᵀ E_h`` in a
+   causal self-attention pass, and ``k_k · Σ_{m≥k} w_mn q_m`` (a suffix sum) while
+   decoding.  Decoding keeps ``G`` (grown by one column per token) and ``q_m`` of the earlier
+   rows, plus, in decoder self-attention, their logit rows while the target is at most twice
+   the head width (``H·M² ≤ 2·M·D``: the cheaper state there) and ``u_m`` beyond, with the
+   logits ``E_h[m, k]`` of each row inside its block of 16 rows: a step's suffix sum is then
+   ``k_k · Σ_{m in later blocks} w_m q_m`` (block totals, ``O(M·D)``) plus the kept in-block
+   logits weighted (``O(M·H·16)``), not ``O(M·D·16)`` (:func:`decode_suffix_omega`).
 9. *Half precision.*  Gram matrices sum squared logits over whole capsules (a
    vertical capsule is a head's ``Lq×Lk`` slice) and pass float16's 65504 at
    sentence length; ``squash`` needs a tiny epsilon.  Routing therefore runs in
@@ -363,6 +363,15 @@ def decode_suffix_omega(w: Tensor, q_rows: Tensor, key: Tensor, diag: Tensor, bl
     return torch.cat([head, tail], dim=-1)
 
 
+def key_gram_u(query: Tensor, key: Tensor) -> Tensor:
+    """``u_m = Σ_k E_mk k_k`` per head when every row sees the same keys: ``q_m (K_hᵀ K_h)``, ``(B, H, M, d)``.
+
+    ``query`` ``(B, H, M, d)`` (pad rows 0), ``key`` ``(B, H, K, d)`` with the keys no row sees set to 0
+    (:meth:`CapsuleMultiheadAttention._route_masked`).  ``O((M + K)·D·d)`` instead of ``O(M·K·D)``: cheaper
+    once ``M·K > (M + K)·d`` (sentences longer than twice the head width)."""
+    return torch.matmul(query, torch.matmul(key.transpose(2, 3), key))
+
+
 def factored_gram(u: Tensor, q: Tensor) -> Tensor:
     """Gram matrix ``G_mn = u_min(m,n) · q_max(m,n)`` of horizontal capsules, ``(B, M, M)``.
 
@@ -613,8 +622,12 @@ class CapsuleRouting(nn.Module):
                 u_rows = append_rows(state["horizontal_u"], u_new, order)
             else:  # all rows at once (a full pass, or when decoding stops keeping the logit rows)
                 cube = logits if rows is None else rows.view(bsz, total, heads, k_len)
-                e = cube.transpose(1, 2)  # causal self-attention: row m sees keys <= m, a triangular product
-                u = matmul_tril(e, key) if self.causal and keys_are_rows else torch.matmul(e, key)
+                if self.causal and keys_are_rows:  # row m sees keys <= m: a triangular product
+                    u = matmul_tril(cube.transpose(1, 2), key)
+                elif q_len * k_len > (q_len + k_len) * key.size(-1):  # same keys for all: Q_h (K_hᵀ K_h)
+                    u = key_gram_u(query * valid, key)
+                else:
+                    u = torch.matmul(cube.transpose(1, 2), key)
                 u_rows = u.transpose(1, 2).reshape(bsz, total, -1)
             # in-block logits for decode_suffix_omega (decoder self-attention), kept like u_m
             if self.causal and keys_are_rows and (keep or "horizontal_diag" in state):
@@ -808,6 +821,8 @@ class CapsuleMultiheadAttention(MultiheadAttention):
             if self.self_attention:  # query rows are the last tgt_len keys: pad rows are no capsules
                 routed = key_visible & ~key_pad[:, -tgt_len:].unsqueeze(2)
         counts = routed.sum(-1).expand(bsz, tgt_len)
+        if key_padding_mask is not None:  # keys no row sees are 0 (key_gram_u)
+            factors = dict(factors, key=factors["key"].masked_fill(key_pad.view(bsz, 1, src_len, 1), 0.0))
         neutral = scores.transpose(1, 2).masked_fill(~routed.unsqueeze(2), 0.0)
         omega, new_state, info = self.capsule(neutral, counts, cap_state, **factors)
         logits = (scores + omega.transpose(1, 2)).masked_fill_(~key_visible.unsqueeze(1), float("-inf"))
