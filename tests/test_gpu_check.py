@@ -1,4 +1,4 @@
-"""The GPU mixed-precision check's commands parse and run (on CPU, tiny models, 3 updates)."""
+"""The GPU mixed-precision check's commands parse and run (on CPU, tiny models, 3 updates, then beam search)."""
 import json
 
 from tests.helpers.cli import script
@@ -14,9 +14,12 @@ def test_gpu_check_smoke_runs_every_arch_and_mode(tmp_path):
                                            "fasttrees_transformer", "star_transformer", "transformer_xl_lm",
                                            "mtn"}, table
     assert {r["mode"] for r in results} == {"fp16", "amp", "bf16"}, table
+    translation = {"transformer", "capsule_transformer", "star_transformer_nmt", "fasttrees_transformer"}
     for r in results:
         assert r["ok"] and not r["nan_or_inf_loss"], (r, table)
         assert r["final_loss"] is not None and r["final_loss"] > 0, (r, table)
+        if r["arch"] in translation:  # then decoded by fairseq-generate --beam 5 from the saved checkpoint
+            assert r["gen_ok"] and r["gen_sentences_per_s"] > 0, (r, table)
     assert proc.returncode == 0, table
 
 

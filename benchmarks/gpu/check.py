@@ -3,8 +3,10 @@
 For each architecture (at a paper-size preset) and each precision mode, a few hundred
 ``fairseq-train`` updates on generated data; prints one table row per run: final train
 loss, median updates/s, peak GPU memory, gradient-overflow count and whether any loss
-was NaN/inf.  With two or more GPUs it also runs fairseq's own launcher with
-``--distributed-world-size 2`` (fp16) for every architecture.  Results go to
+was NaN/inf.  Each translation model is then decoded by ``fairseq-generate --beam 5`` from the
+checkpoint it saved (in float16 after an ``--fp16`` run, float32 otherwise): incremental decoding
+and beam reordering on the device, with sentences/s.  With two or more GPUs it also runs fairseq's
+own launcher with ``--distributed-world-size 2`` (fp16) for every architecture.  Results go to
 ``--out`` as JSON.  Sized to finish in under 10 minutes on one modern GPU
 (``--updates 150``); ``--smoke`` runs the same commands on CPU with tiny models and 3
 updates (the CI test does this, so the commands are known to parse and run).
@@ -15,6 +17,7 @@ import argparse
 import json
 import os
 import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -126,6 +129,19 @@ def zipf_lm_data(dest, vocab, tokens, seed=0):
         builder.finalize(os.path.join(dest, f"{split}.idx"))
 
 
+def generate(data, ckpt, mode, smoke, timeout, log):
+    """``fairseq-generate --beam 5`` on the test split from ``ckpt``: ``{gen_ok, gen_sentences_per_s, gen_error}``."""
+    cmd = [sys.executable, "-m", "fairseq_cli.generate", data, "--path", ckpt, "--user-dir",
+           os.path.join(ROOT, "user_dir"), "--gen-subset", "test", "--beam", "5", "--max-tokens", "4096",
+           "--max-len-a", "1.2", "--max-len-b", "10", "--num-workers", "0", "--quiet"]
+    cmd += ["--fp16"] if mode == "fp16" else []
+    cmd += ["--cpu"] if smoke else []
+    text, rc, _ = run(cmd, timeout, log)
+    rate = re.search(r"Translated [\d,]+ sentences .*?\(([\d.]+) sentences/s", text)
+    return {"gen_ok": rc == 0 and rate is not None, "gen_sentences_per_s": float(rate.group(1)) if rate else None,
+            "gen_error": None if rc == 0 else (re.findall(r"(\w+Error: .*)", text) or ["see log"])[-1][:200]}
+
+
 def summarise(text, rc):
     """Final loss, median updates/s, overflow count, NaN/inf seen, peak memory, from a json-format log."""
     losses, ups = [], []
@@ -194,7 +210,7 @@ def main():
         runs += [(a, "fp16", 2) for a in archs]
     results = []
     print(f"{'arch':24} {'mode':5} {'gpus':4} {'ok':3} {'loss':>8} {'upd/s':>7} {'peak GiB':>8} "
-          f"{'overflows':>9} nan/inf", flush=True)
+          f"{'overflows':>9} nan/inf  beam-5 sent/s", flush=True)
     for name, mode, world in runs:
         kind, flags, smoke_flags = ARCHS[name]
         cmd = [sys.executable, TRAIN] + ([data[kind]] if data[kind] else []) + flags + common + MODES[mode]
@@ -203,19 +219,29 @@ def main():
         if world > 1:
             cmd += ["--distributed-world-size", world, "--ddp-backend", "pytorch_ddp"]
         log = os.path.join(args.work, f"{name}.{mode}.{world}gpu.log")
+        ckpt_dir = os.path.join(args.work, f"{name}.{mode}.{world}gpu.ckpt")
+        if kind == "mt":  # keep the last checkpoint for the beam search below
+            cmd = [c for c in cmd if c != "--no-save"] + ["--save-dir", ckpt_dir, "--no-epoch-checkpoints",
+                                                          "--no-save-optimizer-state"]
         text, rc, wall = run(cmd, args.timeout, log)
         res = dict(arch=name, mode=mode, gpus=world, wall_s=round(wall, 1), log=log, **summarise(text, rc))
+        if kind == "mt" and res["ok"]:
+            res.update(generate(data[kind], os.path.join(ckpt_dir, "checkpoint_last.pt"), mode, args.smoke,
+                                args.timeout, log.replace(".log", ".generate.log")))
+            shutil.rmtree(ckpt_dir, ignore_errors=True)
         results.append(res)
         fmt = lambda v, f: "-" if v is None else format(v, f)  # noqa: E731
         print(f"{name:24} {mode:5} {world:<4} {'yes' if res['ok'] else 'NO':3} {fmt(res['final_loss'], '8.3f')} "
               f"{fmt(res['median_ups'], '7.2f')} {fmt(res['peak_gib'], '8.2f')} {res['overflows']:9d} "
-              f"{'YES' if res['nan_or_inf_loss'] else 'no'}" + ("" if res["ok"] else f"  {res['error']}"),
-              flush=True)
+              f"{'YES' if res['nan_or_inf_loss'] else 'no':7} "
+              + ("" if "gen_ok" not in res else fmt(res["gen_sentences_per_s"], "8.1f") if res["gen_ok"]
+                 else f"FAILED {res['gen_error']}")
+              + ("" if res["ok"] else f"  {res['error']}"), flush=True)
     if args.out:
         with open(args.out, "w") as f:
             json.dump({"device": "cpu (smoke)" if args.smoke else torch.cuda.get_device_name(0),
                        "torch": torch.__version__, "updates": updates, "runs": results}, f, indent=1)
-    failed = [r for r in results if not r["ok"] or r["nan_or_inf_loss"]]
+    failed = [r for r in results if not r["ok"] or r["nan_or_inf_loss"] or r.get("gen_ok") is False]
     sys.exit(1 if failed else 0)
 
 
