@@ -7,8 +7,9 @@ was NaN/inf.  Each translation model is then decoded by ``fairseq-generate --bea
 checkpoint it saved (in float16 after an ``--fp16`` run, float32 otherwise): incremental decoding
 and beam reordering on the device, with sentences/s.  With two or more GPUs it also runs fairseq's
 own launcher with ``--distributed-world-size 2`` (fp16) for every architecture.  Results go to
-``--out`` as JSON.  Sized to finish in under 10 minutes on one modern GPU
-(``--updates 150``); ``--smoke`` runs the same commands on CPU with tiny models and 3
+``--out`` as JSON.  The training runs are sized to finish in under 10 minutes on one modern GPU
+(``--updates 150``); each beam search adds a ``fairseq-generate`` start-up (about 6 s per run in the
+CPU smoke run) and its decoding of the 100 test pairs.  ``--smoke`` runs the same commands on CPU with tiny models and 3
 updates (the CI test does this, so the commands are known to parse and run).
 
     python benchmarks/gpu/check.py --out benchmarks/gpu/results.json
