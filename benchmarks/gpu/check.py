@@ -130,6 +130,11 @@ def zipf_lm_data(dest, vocab, tokens, seed=0):
         builder.finalize(os.path.join(dest, f"{split}.idx"))
 
 
+def last_error(text):
+    """The last ``SomethingError: ...`` line of a failed run's output (cut to 200 characters)."""
+    return (re.findall(r"(\w+Error: .*)", text) or ["see log"])[-1][:200]
+
+
 def generate(data, ckpt, mode, smoke, timeout, log):
     """``fairseq-generate --beam 5`` on the test split from ``ckpt``: ``{gen_ok, gen_sentences_per_s, gen_error}``."""
     cmd = [sys.executable, "-m", "fairseq_cli.generate", data, "--path", ckpt, "--user-dir",
@@ -140,7 +145,7 @@ def generate(data, ckpt, mode, smoke, timeout, log):
     text, rc, _ = run(cmd, timeout, log)
     rate = re.search(r"Translated [\d,]+ sentences .*?\(([\d.]+) sentences/s", text)
     return {"gen_ok": rc == 0 and rate is not None, "gen_sentences_per_s": float(rate.group(1)) if rate else None,
-            "gen_error": None if rc == 0 else (re.findall(r"(\w+Error: .*)", text) or ["see log"])[-1][:200]}
+            "gen_error": None if rc == 0 else last_error(text)}
 
 
 def summarise(text, rc):
@@ -165,7 +170,7 @@ def summarise(text, rc):
         "overflows": len(re.findall(r"gradient overflow detected", text)),
         "nan_or_inf_loss": bool(bad) or "FloatingPointError" in text,
         "peak_gib": json.loads(peak.group(1))["peak_gib"] if peak else None,
-        "error": None if rc == 0 else (re.findall(r"(\w+Error: .*)", text) or ["see log"])[-1][:200],
+        "error": None if rc == 0 else last_error(text),
     }
 
 
