@@ -202,6 +202,29 @@ def test_nmt_padding_incremental_and_generate(toy_translation_bin, tmp_path):
     assert len(hyps) > 10
 
 
+def test_nmt_alignment_covers_source_tokens_only(toy_translation_bin, tmp_path):
+    """The relay is an extra memory slot of the decoder, not a source token: the attention the model
+    returns, and so ``--print-alignment``, index the source tokens (the relay's column made fairseq's
+    alignment extraction fail with a KeyError, or shift every soft alignment by one)."""
+    nmt = ["--encoder-layers", "1", "--decoder-layers", "1", "--encoder-embed-dim", "16", "--decoder-embed-dim", "16",
+           "--decoder-ffn-embed-dim", "32", "--encoder-attention-heads", "2", "--decoder-attention-heads", "2"]
+    for flags in ([], ["--no-decoder-attends-relay"]):
+        model, d = build("star_transformer_nmt", nmt + flags)
+        model.eval()
+        src = random_sentences(d, [6], seed=3)[0].unsqueeze(0)
+        prev = prev_output(random_sentences(d, [3], seed=4)[0], d.eos()).unsqueeze(0)
+        attn = model(src, torch.tensor([src.size(1)]), prev)[1]["attn"][0]
+        assert attn.shape == (1, prev.size(1), src.size(1)), flags
+    ck = cli.train_translation(toy_translation_bin, tmp_path / "ck", "star_transformer_nmt", *nmt, max_update=2)
+    out = cli.fairseq("generate", toy_translation_bin, "--path", ck, "--beam", 3, "--batch-size", 8,
+                      "--max-len-b", 10, "--cpu", "--gen-subset", "valid", "--print-alignment").stdout
+    sources = {line.split("\t")[0][2:]: line.split("\t")[1].split() for line in out.splitlines() if line.startswith("S-")}
+    aligned = [line.split("\t") for line in out.splitlines() if line.startswith("A-")]
+    assert len(aligned) == len(sources) > 10
+    for head, pairs in aligned:
+        assert all(int(p.split("-")[0]) < len(sources[head[2:]]) for p in pairs.split()), (head, pairs)
+
+
 def test_hub_from_pretrained(sst_bin, sst_hydra_run):
     """StarTransformerModel.from_pretrained: checkpoint dir + data -> predict / extract_features, as RoBERTa's hub."""
     from user_dir.models.star_transformer import StarTransformerModel

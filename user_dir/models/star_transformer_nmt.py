@@ -6,7 +6,10 @@ implementation existed): the source is encoded by the Star-Transformer
 cross-attends to the satellites H^T and — by default — to the relay s^T, which is
 prepended to the encoder states as one extra, never-padded memory slot
 (``--no-decoder-attends-relay`` leaves it out).  ``reorder_encoder_out`` makes
-``fairseq-generate`` beam search work; the decoder brings incremental decoding.
+``fairseq-generate`` beam search work; the decoder brings incremental decoding.  The attention
+the decoder returns (``--print-alignment``, ``--replace-unk``) covers the source tokens only:
+the relay's column is left out, as fairseq leaves out the source's EOS (the weights on the
+tokens then sum to less than 1).
 """
 from argparse import Namespace
 from dataclasses import dataclass, field
@@ -50,6 +53,22 @@ class StarTransformerNMTEncoder(StarTransformerEncoder):
         return out
 
 
+class StarTransformerNMTDecoder(TransformerDecoder):
+    """fairseq's ``TransformerDecoder``; its returned attention drops the ``relay_slots`` memory slots
+    prepended to the source (alignments index source tokens, and the relay is none)."""
+
+    def __init__(self, args, dictionary, embed_tokens, relay_slots: int):
+        super().__init__(args, dictionary, embed_tokens)
+        self.relay_slots = relay_slots
+
+    def extract_features(self, *args, **kwargs):
+        x, extra = super().extract_features(*args, **kwargs)
+        attn = extra.get("attn")
+        if self.relay_slots and attn and attn[0] is not None:
+            extra["attn"] = [attn[0][..., self.relay_slots:]]
+        return x, extra
+
+
 @register_model("star_transformer_nmt", dataclass=StarTransformerNMTConfig)
 class StarTransformerNMTModel(FairseqEncoderDecoderModel):
     @classmethod
@@ -68,7 +87,8 @@ class StarTransformerNMTModel(FairseqEncoderDecoderModel):
             dec_embed = nn.Embedding(len(tgt_dict), cfg.decoder_embed_dim, padding_idx=tgt_dict.pad())
             nn.init.normal_(dec_embed.weight, 0, cfg.decoder_embed_dim ** -0.5)
             nn.init.zeros_(dec_embed.weight[tgt_dict.pad()])
-        decoder = TransformerDecoder(cls.decoder_args(cfg), tgt_dict, dec_embed)
+        decoder = StarTransformerNMTDecoder(cls.decoder_args(cfg), tgt_dict, dec_embed,
+                                            relay_slots=0 if cfg.no_decoder_attends_relay else 1)
         return cls(encoder, decoder)
 
     @staticmethod
