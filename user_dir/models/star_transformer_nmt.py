@@ -7,7 +7,7 @@ cross-attends to the satellites H^T and — by default — to the relay s^T, whi
 prepended to the encoder states as one extra, never-padded memory slot
 (``--no-decoder-attends-relay`` leaves it out).  ``reorder_encoder_out`` makes
 ``fairseq-generate`` beam search work; the decoder brings incremental decoding.  The attention
-the decoder returns (``--print-alignment``, ``--replace-unk``) covers the source tokens only:
+the decoder returns (``--print-alignment``) covers the source tokens only:
 the relay's column is left out, as fairseq leaves out the source's EOS (the weights on the
 tokens then sum to less than 1).
 """
