@@ -21,10 +21,47 @@ def test_batch_by_size_keeps_the_last_partial_batch():
     assert not hasattr(data_utils.batch_by_size.__wrapped__, "__wrapped__")
 
 
+def test_diverse_beam_search_indexes_its_overlaps_by_batch_row():
+    """fairseq passes dataset ids to DiverseBeamSearch, which indexes per-row state with them: the
+    patched search must translate a batch the same whatever its sentences' ids are (ids 0..n-1, the
+    only ones fairseq's class gets right, give fairseq's result)."""
+    import torch
+    from fairseq import search
+    from fairseq.data import data_utils as du
+    from fairseq.sequence_generator import SequenceGenerator
+
+    from tests.helpers.models import build, random_sentences
+
+    assert search.DiverseBeamSearch is fairseq_fixes.DiverseBeamSearchByRow
+    model, d = build("transformer", TINY_TRANSLATION_ARGS + ["--dropout", "0"], seed=3)
+    src = random_sentences(d, [7, 4, 6], seed=2)
+    tokens = du.collate_tokens(src, d.pad(), d.eos(), left_pad=True)
+    net_input = dict(src_tokens=tokens, src_lengths=torch.tensor([len(s) for s in src]))
+
+    def translate(search_cls, ids):
+        strategy = search_cls(d, num_groups=2, diversity_strength=0.5)
+        gen = SequenceGenerator([model], d, beam_size=4, max_len_a=0, max_len_b=8, search_strategy=strategy)
+        hypos = gen.generate([model], dict(id=torch.tensor(ids), net_input=net_input))
+        return [[(h["tokens"].tolist(), round(float(h["score"]), 5)) for h in sent] for sent in hypos]
+
+    reference = translate(fairseq_fixes.DiverseBeamSearchByRow.__bases__[0], [0, 1, 2])  # fairseq's own class
+    assert translate(search.DiverseBeamSearch, [0, 1, 2]) == reference
+    assert translate(search.DiverseBeamSearch, [2, 0, 1]) == reference  # fairseq's: other rows' overlaps
+    assert translate(search.DiverseBeamSearch, [41, 17, 9]) == reference  # fairseq's: IndexError
+
+
 @pytest.fixture(scope="module")
 def mt_checkpoint(toy_translation_bin, tmp_path_factory):
     return train_translation(toy_translation_bin, tmp_path_factory.mktemp("mt"), "transformer",
                              *TINY_TRANSLATION_ARGS, "--share-all-embeddings", max_update=4)
+
+
+def test_generate_with_diverse_beam_groups_over_several_batches(toy_translation_bin, mt_checkpoint):
+    out = fairseq("generate", toy_translation_bin, "--path", mt_checkpoint, "--beam", 4, "--diverse-beam-groups", 2,
+                  "--batch-size", 4, "--max-len-b", 8, "--cpu").stdout
+    hyps = [line for line in out.splitlines() if line.startswith("H-")]
+    with open(f"{toy_translation_bin}/test.raw.de", encoding="utf-8") as f:
+        assert len(hyps) == sum(1 for _ in f)
 
 
 def test_generate_then_sacrebleu_scoring(toy_translation_bin, mt_checkpoint, tmp_path):

@@ -5,12 +5,20 @@
   #5036. ``fairseq-generate`` then translates fewer sentences than the test
   set has, and ``fairseq-validate``/``fairseq-eval-lm`` score fewer tokens.
   The patched version keeps that batch.
+* ``search.DiverseBeamSearch`` (``--diverse-beam-groups``) keeps its group overlaps per row
+  of the batch, but ``SequenceGenerator`` hands it the sentences' dataset ids
+  (``sample["id"]``) to index them.  From the second batch on the ids run past the
+  batch (``IndexError`` in ``search.py``, with fairseq's own ``transformer`` too);
+  within a batch they pick other sentences' overlaps.  The patched class maps the ids
+  back to the rows of the batch's first step.
 * ``np.compat.long`` (removed in numpy 2) is used by ``TokenBlockDataset``
   with ``--sample-break-mode eos`` and by ``LanguagePairDataset``; a tiny
   ``numpy.compat`` stand-in with ``long = int64`` is provided when missing.
 """
 import functools
 
+import torch
+from fairseq import search
 from fairseq.data import data_utils
 
 
@@ -30,6 +38,21 @@ def _keep_last_batch(batch_by_size):
     return patched
 
 
+class DiverseBeamSearchByRow(search.DiverseBeamSearch):
+    """fairseq's diverse beam search, its overlaps indexed by batch row (module docstring)."""
+
+    _fairseq_struct_fixed = True
+
+    def step(self, step, lprobs, scores, prev_output_tokens=None, original_batch_idxs=None):
+        if original_batch_idxs is not None:
+            if step == 0:  # the batch's sentences, one per row of the overlaps
+                self.batch_ids = original_batch_idxs
+            # row of each remaining sentence: a device-side lookup, no host sync
+            original_batch_idxs = (original_batch_idxs.unsqueeze(1) == self.batch_ids.unsqueeze(0)).to(
+                torch.long).argmax(1)
+        return super().step(step, lprobs, scores, prev_output_tokens, original_batch_idxs)
+
+
 def _numpy_compat():
     import types
 
@@ -43,5 +66,7 @@ def _numpy_compat():
 
 def install():
     _numpy_compat()
+    if not getattr(search.DiverseBeamSearch, "_fairseq_struct_fixed", False):
+        search.DiverseBeamSearch = DiverseBeamSearchByRow
     if not getattr(data_utils.batch_by_size, "_fairseq_struct_fixed", False):
         data_utils.batch_by_size = _keep_last_batch(data_utils.batch_by_size)
