@@ -53,11 +53,11 @@ echo "| training --arch $ARCH for $MAX_UPDATE updates" >&2
   --criterion label_smoothed_cross_entropy --label-smoothing 0.1 \
   --max-tokens 2048 --max-update "$MAX_UPDATE" --seed 1 \
   --save-dir "$WORK/checkpoints" --no-epoch-checkpoints --validate-interval 1000 \
-  --log-format simple --log-interval 50 --cpu --num-workers 0
+  --log-format simple --log-interval 50 --num-workers 0
 
 echo "| translating the test set with beam 5" >&2
 "$BIN/fairseq-generate" "$WORK/bin" --user-dir user_dir --path "$WORK/checkpoints/checkpoint_last.pt" \
   --beam 5 --batch-size 64 --remove-bpe "$([ "$BPE" = sentencepiece ] && echo sentencepiece || echo subword_nmt)" \
-  --cpu > "$WORK/generate.txt"
+  > "$WORK/generate.txt"
 
 "$PYTHON" preprocess/score_generate.py "$WORK/generate.txt" "$WORK/bin/test.raw.$TGT"

@@ -33,10 +33,10 @@ for ARCH in ${ARCHS:-roberta fasttrees_roberta_conv_logic}; do
   /usr/bin/time -f "$ARCH train wall %e s" "$BIN/fairseq-train" "$WORK/bin" --user-dir user_dir $TASK \
     --criterion sentence_prediction --arch "$ARCH" $SIZES $EXTRA_ARCH --optimizer adam --adam-betas '(0.9,0.98)' \
     --lr "$LR" --lr-scheduler inverse_sqrt --warmup-updates "$WARMUP" --batch-size "$BATCH" --max-update "$MAX_UPDATE" \
-    --save-dir "$CK" --no-epoch-checkpoints --cpu --num-workers 0 --seed 1 --log-format simple --log-interval 200 \
+    --save-dir "$CK" --no-epoch-checkpoints --num-workers 0 --seed 1 --log-format simple --log-interval 200 \
     --validate-interval-updates 2000 --validate-interval 1000
   "$BIN/fairseq-validate" "$WORK/bin" --user-dir user_dir $TASK --criterion sentence_prediction \
-    --path "$CK/checkpoint_last.pt" --valid-subset "$SUBSETS" --batch-size 256 --cpu > "$CK/validate.txt" 2>&1
+    --path "$CK/checkpoint_last.pt" --valid-subset "$SUBSETS" --batch-size 256 > "$CK/validate.txt" 2>&1
   echo "$ARCH: accuracy per operator count (test_ops1..12)"
   grep -oE "valid on 'test_ops[0-9]+' subset \| loss [0-9.]+ \| nll_loss [0-9.]+ \| accuracy [0-9.]+" "$CK/validate.txt" \
     | sed -E "s/valid on '(test_ops[0-9]+)' subset.*accuracy ([0-9.]+)/\1 \2/"

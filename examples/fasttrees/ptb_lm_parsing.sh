@@ -21,9 +21,9 @@ fi
 "$BIN/fairseq-train" "$WORK/bin" --user-dir user_dir --task language_modeling --arch "$ARCH" \
   --sample-break-mode eos --tokens-per-sample 128 --max-tokens 4096 --optimizer adam --adam-betas '(0.9,0.98)' \
   --weight-decay 0.01 --lr 1e-3 --lr-scheduler inverse_sqrt --warmup-updates 200 --clip-norm 0.5 \
-  --max-update "$MAX_UPDATE" --save-dir "$CK" --no-epoch-checkpoints --cpu --num-workers 0 --seed 1 \
+  --max-update "$MAX_UPDATE" --save-dir "$CK" --no-epoch-checkpoints --num-workers 0 --seed 1 \
   --log-format simple --log-interval 50 --validate-interval-updates "$MAX_UPDATE" ${EXTRA:-}
-"$BIN/fairseq-eval-lm" "$WORK/bin" --user-dir user_dir --path "$CK/checkpoint_last.pt" --cpu \
+"$BIN/fairseq-eval-lm" "$WORK/bin" --user-dir user_dir --path "$CK/checkpoint_last.pt" \
   --sample-break-mode eos --tokens-per-sample 128 --max-tokens 4096 --gen-subset test
 "$PY" examples/fasttrees/eval_parsing.py --path "$CK/checkpoint_last.pt" \
   --treebank "$SHARED/ptb-treebank-sample-nltk/treebank.zip"

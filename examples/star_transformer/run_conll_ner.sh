@@ -27,7 +27,7 @@ fi
 EXTRA=(); [ -n "${CRF:-}" ] && EXTRA+=(--crf); [ -n "${VECTORS:-}" ] && EXTRA+=(--pretrained-embeddings "$VECTORS" --freeze-embeddings)
 COMMON=(--task sequence_tagging --criterion sequence_tagging --max-positions 256 --optimizer adam --lr "$LR"
         --weight-decay 2e-5 --clip-norm 5 --batch-size 64 --max-update "$MAX_UPDATE" --max-epoch 0 --seed "$SEED"
-        --cpu --num-workers 0 --log-format simple --log-interval 100 --no-epoch-checkpoints
+        --num-workers 0 --log-format simple --log-interval 100 --no-epoch-checkpoints
         --best-checkpoint-metric span_f1 --maximize-best-checkpoint-metric --user-dir "$ROOT/user_dir"
         --arch star_transformer_tagging "${EXTRA[@]}")
 [ -n "${PTB:-}" ] && COMMON+=(--best-checkpoint-metric accuracy)
@@ -37,7 +37,7 @@ for enc in $MODELS; do
       ${VALIDATE_INTERVAL_UPDATES:+--validate-interval-updates $VALIDATE_INTERVAL_UPDATES} > "$WORK/train_$enc.log" 2>&1
   end=$(date +%s)
   "$BIN/fairseq-validate" "$WORK/data" --task sequence_tagging --criterion sequence_tagging --path "$WORK/ck_$enc/checkpoint_best.pt" \
-      --valid-subset test --batch-size 64 --cpu --user-dir "$ROOT/user_dir" > "$WORK/test_$enc.log" 2>&1
+      --valid-subset test --batch-size 64 --user-dir "$ROOT/user_dir" > "$WORK/test_$enc.log" 2>&1
   echo "$NAME $enc lr $LR: test $(grep "valid on 'test'" "$WORK/test_$enc.log" | grep -oE '(accuracy|span_f1) [0-9.]+' | tr '\n' ' ')updates $MAX_UPDATE, train wall $((end-start)) s"
 done
 case " $MODELS " in *" star "*) ;; *) exit 0 ;; esac

@@ -12,8 +12,8 @@ export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} MKL_NUM_THREADS=${MKL_NUM_THREADS:-
 [ -d "$WORK/bin" ] || "$PY" "$ROOT/preprocess/snli_prepare.py" ${TRAIN:+--train "$TRAIN"} --dev "$SRC/dev.txt" --test "$SRC/test.txt" --dest "$WORK/bin"
 "$BIN/fairseq-train" "$WORK/bin" --task sentence_pair_classification --criterion sentence_prediction --num-classes 3 \
     --arch star_transformer_snli --max-positions 128 --optimizer adam --lr 1e-4 --weight-decay 1e-5 --clip-norm 5 \
-    --batch-size 128 --max-update "$MAX_UPDATE" --max-epoch 0 --cpu --num-workers 0 --log-format simple \
+    --batch-size 128 --max-update "$MAX_UPDATE" --max-epoch 0 --num-workers 0 --log-format simple \
     --no-epoch-checkpoints --best-checkpoint-metric accuracy --maximize-best-checkpoint-metric \
     --user-dir "$ROOT/user_dir" --save-dir "$WORK/ck" ${EXTRA:-} ${VECTORS:+--pretrained-embeddings "$VECTORS" --freeze-embeddings} > "$WORK/train.log" 2>&1
 "$BIN/fairseq-validate" "$WORK/bin" --task sentence_pair_classification --criterion sentence_prediction --num-classes 3 \
-    --path "$WORK/ck/checkpoint_best.pt" --valid-subset test --batch-size 128 --cpu --user-dir "$ROOT/user_dir" | grep "valid on"
+    --path "$WORK/ck/checkpoint_best.pt" --valid-subset test --batch-size 128 --user-dir "$ROOT/user_dir" | grep "valid on"

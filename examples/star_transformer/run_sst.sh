@@ -18,7 +18,7 @@ export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} MKL_NUM_THREADS=${MKL_NUM_THREADS:-
 [ -d "$WORK/bin" ] || "$PY" "$ROOT/preprocess/sst_prepare.py" --raw "$RAW" --classes "$CLASSES" --dest "$WORK/bin"
 COMMON=(--task sentence_prediction --criterion sentence_prediction --num-classes "$CLASSES" --max-positions 256
         --shorten-method truncate --optimizer adam --weight-decay 5e-5 --clip-norm 5 --batch-size 64
-        --max-update "$MAX_UPDATE" --max-epoch 0 --seed "$SEED" --cpu --num-workers 0 --log-format simple
+        --max-update "$MAX_UPDATE" --max-epoch 0 --seed "$SEED" --num-workers 0 --log-format simple
         --log-interval 100 --no-epoch-checkpoints --best-checkpoint-metric accuracy --maximize-best-checkpoint-metric
         --user-dir "$ROOT/user_dir" --dropout 0.4 --pooler-dropout 0.4)
 VEC=(); [ -n "${VECTORS:-}" ] && VEC=(--pretrained-embeddings "$VECTORS" --freeze-embeddings)
@@ -33,7 +33,7 @@ train_eval() {  # model, lr, extra args...
   end=$(date +%s)
   "$BIN/fairseq-validate" "$WORK/bin" --task sentence_prediction --criterion sentence_prediction \
       --num-classes "$CLASSES" --path "$WORK/ck_$name/checkpoint_best.pt" --valid-subset test --batch-size 64 \
-      --cpu --user-dir "$ROOT/user_dir" $( [ "$model" = transformer ] && echo --init-token 0 ) \
+      --user-dir "$ROOT/user_dir" $( [ "$model" = transformer ] && echo --init-token 0 ) \
       > "$WORK/test_$name.log" 2>&1
   local dev test
   dev=$(grep "valid on 'valid'" "$WORK/train_$name.log" | sed -E 's/.*accuracy ([0-9.]+).*/\1/' | sort -g | tail -1)

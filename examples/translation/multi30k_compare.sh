@@ -39,11 +39,11 @@ for ARCH in $ARCHS; do
     --optimizer adam --adam-betas '(0.9, 0.98)' --clip-norm 1.0 --lr 1e-3 --lr-scheduler inverse_sqrt \
     --warmup-updates "$WARMUP" --criterion label_smoothed_cross_entropy --label-smoothing 0.1 \
     --max-tokens "$MAX_TOKENS" --max-update "$MAX_UPDATE" --seed "$SEED" --save-dir "$WORK/$ARCH" --no-epoch-checkpoints \
-    --validate-interval 1000 --log-format simple --log-interval 25 --cpu --num-workers 0 \
+    --validate-interval 1000 --log-format simple --log-interval 25 --num-workers 0 \
     > "$WORK/$ARCH.train.log" 2>&1
   train_s=$(( $(date +%s) - start ))
   "$BIN/fairseq-generate" "$DATA" --user-dir user_dir --path "$WORK/$ARCH/checkpoint_last.pt" \
-    --gen-subset test --beam 5 --lenpen "$LENPEN" --batch-size 128 --remove-bpe subword_nmt --cpu > "$WORK/$ARCH.generate.txt"
+    --gen-subset test --beam 5 --lenpen "$LENPEN" --batch-size 128 --remove-bpe subword_nmt > "$WORK/$ARCH.generate.txt"
   bleu=$(grep ^H- "$WORK/$ARCH.generate.txt" | sort -V | cut -f3 > "$WORK/$ARCH.hyp" && \
          grep ^T- "$WORK/$ARCH.generate.txt" | sort -V | cut -f2 > "$WORK/$ARCH.ref" && \
          "$BIN/sacrebleu" "$WORK/$ARCH.ref" -i "$WORK/$ARCH.hyp" -b)
