@@ -8,8 +8,7 @@ prepended to the encoder states as one extra, never-padded memory slot
 (``--no-decoder-attends-relay`` leaves it out).  ``reorder_encoder_out`` makes
 ``fairseq-generate`` beam search work; the decoder brings incremental decoding.  The attention
 the decoder returns (``--print-alignment``) covers the source tokens only:
-the relay's column is left out, as fairseq leaves out the source's EOS (the weights on the
-tokens then sum to less than 1).
+the relay's column is left out (the weights on the tokens then sum to less than 1).
 """
 from argparse import Namespace
 from dataclasses import dataclass, field
