@@ -74,6 +74,18 @@ def test_interactive_beam_search_and_hub_sample(trained):
     assert out.startswith("die kinder") and len(out.split()) > 2
 
 
+@pytest.mark.parametrize("arch", ["fasttrees_transformer_lm", "transformer_lm"])
+def test_models_without_memory_train_and_score_on_bptt_lm(toy_lm_bin, tmp_path, arch):
+    """bptt_lm's batches carry ``stream_pos`` for a model with memory only: fairseq's decoders do not take
+    the key (a TypeError from inside fairseq before), and a model without memory scores every token once."""
+    fairseq("train", toy_lm_bin, "--task", "bptt_lm", "--tokens-per-sample", 16, "--batch-size", 4, "--arch", arch,
+            "--decoder-layers", 1, "--decoder-embed-dim", 16, "--decoder-ffn-embed-dim", 32,
+            "--decoder-attention-heads", 2, "--optimizer", "adam", "--lr", "3e-3", "--max-update", 3,
+            "--save-dir", tmp_path, "--no-epoch-checkpoints", *COMMON)
+    n, ppl = _parse(_eval_lm(toy_lm_bin, tmp_path / "checkpoint_last.pt", "--batch-size", 2))
+    assert n == _count_tokens(toy_lm_bin, "test") and ppl > 1
+
+
 def test_dictionary_mismatch_is_reported(trained, tmp_path):
     data, ckpt = trained
     other = tmp_path / "bin"

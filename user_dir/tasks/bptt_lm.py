@@ -22,7 +22,9 @@ The training recipe of Transformer-XL (official ``data_utils.py``,
   afterwards.  ``begin_epoch`` also resets it, ``begin_valid_epoch`` resets the evaluation
   memory only (the model keeps separate training and evaluation memories, so a validation
   in the middle of an epoch does not disturb training).  A model
-  without memory ignores the key (it must accept ``**kwargs``).
+  without memory (no ``reset_memory``: ``fasttrees_transformer_lm``, fairseq's
+  ``transformer_lm``) gets batches without the key, and reads each segment on
+  its own.
 
 ``fairseq-eval-lm --task bptt_lm --tokens-per-sample 64 --batch-size 1
 --model-overrides '{"mem_len":640,"clamp_len":400,"same_length":True}'``
@@ -62,9 +64,11 @@ class StreamDataset(FairseqDataset):
     ``tokens[t+1]``, predicted from ``tokens[:t+1]``.
     """
 
-    def __init__(self, tokens, batch_size, tokens_per_sample, pad, source="corpus", num_shards=1, shard_id=0):
+    def __init__(self, tokens, batch_size, tokens_per_sample, pad, source="corpus", num_shards=1, shard_id=0,
+                 with_stream_pos=True):
         super().__init__()
         self.tokens, self.pad, self.source = tokens, pad, source
+        self.with_stream_pos = with_stream_pos  # net_input["stream_pos"], for a model with memory
         self.batch_size, self.tokens_per_sample = batch_size, tokens_per_sample
         self.num_shards, self.shard_id = num_shards, shard_id
         n_targets = tokens.numel() - 1
@@ -86,7 +90,7 @@ class StreamDataset(FairseqDataset):
         if num_shards == self.num_shards and shard_id == self.shard_id:
             return self
         return StreamDataset(self.tokens, self.batch_size, self.tokens_per_sample, self.pad, self.source,
-                             num_shards, shard_id)
+                             num_shards, shard_id, self.with_stream_pos)
 
     def __len__(self):
         return self.n_batches
@@ -107,11 +111,14 @@ class StreamDataset(FairseqDataset):
         assert len(samples) == 1, "every item of a StreamDataset is a whole batch"
         item = samples[0]
         src, tgt = item["source"], item["target"]
+        net_input = {"src_tokens": src, "src_lengths": src.ne(self.pad).sum(1)}
+        if self.with_stream_pos:
+            net_input["stream_pos"] = item["id"]
         return {
             "id": torch.full((src.size(0),), item["id"], dtype=torch.long),
             "nsentences": src.size(0),
             "ntokens": int(tgt.ne(self.pad).sum()),
-            "net_input": {"src_tokens": src, "src_lengths": src.ne(self.pad).sum(1), "stream_pos": item["id"]},
+            "net_input": net_input,
             "target": tgt,
         }
 
@@ -207,7 +214,8 @@ class BPTTLanguageModelingTask(FairseqTask):
             raise ValueError(f"{split_path}.bin holds token id {int(tokens.max())}, but the dictionary has only "
                              f"{len(self.dictionary)} symbols: the data was binarized with another dictionary")
         self.datasets[split] = StreamDataset(tokens, self._batch_size(split), self.cfg.tokens_per_sample,
-                                             self.dictionary.pad(), source=f"{split_path}.bin")
+                                             self.dictionary.pad(), source=f"{split_path}.bin",
+                                             with_stream_pos=getattr(self, "model_has_memory", True))
         logger.info(f"{split}: {tokens.numel() - 1} tokens, {self.datasets[split].batch_size} streams, "
                     f"{len(self.datasets[split])} batches of {self.cfg.tokens_per_sample}")
 
@@ -236,6 +244,16 @@ class BPTTLanguageModelingTask(FairseqTask):
                              "(e.g. --model-overrides '{\"mem_len\": 640}')")
         return self.get_batch_iterator(dataset, num_shards=num_shards, shard_id=shard_id, num_workers=num_workers,
                                        data_buffer_size=data_buffer_size).next_epoch_itr(shuffle=False)
+
+    def build_model(self, cfg, from_checkpoint=False):
+        """fairseq's; notes whether the model keeps a memory: a model without one (fairseq's decoders do
+        not take ``stream_pos``) gets its batches without the key."""
+        model = super().build_model(cfg, from_checkpoint)
+        self.model_has_memory = hasattr(model, "reset_memory")
+        for dataset in self.datasets.values():
+            if isinstance(dataset, StreamDataset):
+                dataset.with_stream_pos = self.model_has_memory
+        return model
 
     def _reset_memory(self, model, slot=None):
         inner = getattr(model, "module", model)  # unwrap DDP
