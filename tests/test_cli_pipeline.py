@@ -50,6 +50,21 @@ def test_diverse_beam_search_indexes_its_overlaps_by_batch_row():
     assert translate(search.DiverseBeamSearch, [41, 17, 9]) == reference  # fairseq's: IndexError
 
 
+@pytest.mark.parametrize("arch, task, data, expected", [
+    ("capsule_transformer", "language_modeling", "toy_lm_bin", "use --task translation"),
+    ("transformer_xl_lm", "translation", "toy_translation_bin", "use --task language_modeling or bptt_lm"),
+    ("star_transformer", "translation", "toy_translation_bin", "use --task sentence_prediction"),
+])
+def test_arch_of_another_kind_than_the_task_is_refused_clearly(arch, task, data, expected, request):
+    """A model given a task of another kind stops at build_model with one line naming both flags (it was an
+    AttributeError, a TypeError or a batch-size mismatch from inside fairseq or torch)."""
+    proc = fairseq("train", request.getfixturevalue(data), "--task", task, "--arch", arch, "--optimizer", "adam",
+                   "--lr", "1e-3", "--max-update", 1, "--batch-size", 4, "--cpu", "--no-save", check=False)
+    last = proc.stderr.strip().splitlines()[-1]
+    assert proc.returncode != 0 and last.startswith(f"ValueError: --arch {arch} ") and f"--task {task} " in last
+    assert expected in last, last
+
+
 @pytest.fixture(scope="module")
 def mt_checkpoint(toy_translation_bin, tmp_path_factory):
     return train_translation(toy_translation_bin, tmp_path_factory.mktemp("mt"), "transformer",

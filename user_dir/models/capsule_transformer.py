@@ -53,6 +53,7 @@ from user_dir.modules.capsule_routing import (
     CapsuleRouting,
     check_routing_iters,
 )
+from user_dir.tasks.kinds import check_task_kind
 
 logger = logging.getLogger(__name__)
 
@@ -226,6 +227,7 @@ class CapsuleTransformerModel(TransformerModel):
 
     @classmethod
     def build_model(cls, args, task):
+        check_task_kind("translation", args, task)
         capsule_base_architecture(args)
         if getattr(args, "max_source_positions", None) is None:
             args.max_source_positions = DEFAULT_MAX_SOURCE_POSITIONS

@@ -40,6 +40,7 @@ from ..modules.fasttrees_layer import (
     FastTreesEncoderLayer,
     FastTreesOptions,
 )
+from ..tasks.kinds import check_task_kind
 
 
 def _as_namespace(args):
@@ -121,6 +122,7 @@ class FastTreesTransformerModel(TransformerModel):
 
     @classmethod
     def build_model(cls, args, task):
+        check_task_kind("translation", args, task)
         args = _as_namespace(args)
         base_architecture(args)
         check_fasttrees_args(args, [args.encoder_embed_dim], bidirectional=bool(args.fasttrees_bidirectional))
@@ -211,6 +213,7 @@ class FastTreesRobertaModel(RobertaModel):
 
     @classmethod
     def build_model(cls, args, task):
+        check_task_kind("classification", args, task)
         if OmegaConf.is_config(args):
             OmegaConf.set_struct(args, False)
         fasttrees_roberta_base(args)

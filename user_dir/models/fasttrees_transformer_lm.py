@@ -17,6 +17,7 @@ from fairseq.utils import safe_getattr
 from omegaconf import II
 
 from ..modules.fasttrees_layer import FastTreesConfig
+from ..tasks.kinds import check_task_kind
 from .fasttrees_transformer import (
     FastTreesTransformerDecoder,
     _as_namespace,
@@ -47,6 +48,7 @@ class FastTreesLanguageModel(TransformerLanguageModel):
 
     @classmethod
     def build_model(cls, args, task):
+        check_task_kind("lm", args, task)
         args = _as_namespace(args)
         base_lm_architecture(args)
         _fasttrees_defaults(args)

@@ -29,6 +29,7 @@ from fairseq.models import FairseqEncoder, FairseqEncoderModel, register_model, 
 from torch import nn
 
 from ..modules.star_transformer_layer import StarTransformer, StarTransformerOptions
+from ..tasks.kinds import check_task_kind
 
 logger = logging.getLogger(__name__)
 
@@ -292,6 +293,7 @@ class StarTransformerModel(FairseqEncoderModel):
 
     @classmethod
     def build_model(cls, cfg, task):
+        check_task_kind("classification", cfg, task)
         dictionary = getattr(task, "source_dictionary", None)
         if cfg.encoder_type == "transformer":
             return cls(cfg, BaselineTransformerEncoder(cfg, dictionary))

@@ -20,6 +20,7 @@ from fairseq.models.transformer import base_architecture as transformer_base_arc
 from torch import nn
 
 from .star_transformer import StarTransformerConfig, StarTransformerEncoder
+from ..tasks.kinds import check_task_kind
 
 
 @dataclass
@@ -72,6 +73,7 @@ class StarTransformerNMTDecoder(TransformerDecoder):
 class StarTransformerNMTModel(FairseqEncoderDecoderModel):
     @classmethod
     def build_model(cls, cfg, task):
+        check_task_kind("translation", cfg, task)
         src_dict, tgt_dict = task.source_dictionary, task.target_dictionary
         if cfg.word_embed_dim and cfg.word_embed_dim != cfg.encoder_embed_dim and cfg.share_all_embeddings:
             raise ValueError("--share-all-embeddings needs --word-embed-dim equal to --encoder-embed-dim")

@@ -50,6 +50,7 @@ from fairseq.models import (FairseqIncrementalDecoder, FairseqLanguageModel, reg
 from ..modules.projected_adaptive import AdaptiveEmbedding, ProjectedAdaptiveLogSoftmax
 from ..modules.relative_multihead_attention import (Dropout, RelativeSinusoid, TransformerXLLayer, additive_mask,
                                                      attention_mask)
+from ..tasks.kinds import check_task_kind
 
 logger = logging.getLogger(__name__)
 
@@ -93,6 +94,7 @@ class TransformerXLLanguageModel(FairseqLanguageModel):
 
     @classmethod
     def build_model(cls, cfg, task):
+        check_task_kind("lm", cfg, task)
         dictionary = task.target_dictionary
         for name in ("mem_len", "n_layer", "d_model", "n_head", "d_head", "d_inner"):
             value = getattr(cfg, name)
