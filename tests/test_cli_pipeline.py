@@ -3,7 +3,7 @@ interactive / eval-lm, with ``--user-dir user_dir``."""
 import numpy as np
 import pytest
 
-from tests.helpers.cli import TINY_TRANSLATION_ARGS, fairseq, script, train_translation
+from tests.helpers.cli import TINY_TRANSLATION_ARGS, fairseq, num_lines, script, train_translation
 from user_dir import fairseq_fixes
 
 
@@ -75,8 +75,7 @@ def test_generate_with_diverse_beam_groups_over_several_batches(toy_translation_
     out = fairseq("generate", toy_translation_bin, "--path", mt_checkpoint, "--beam", 4, "--diverse-beam-groups", 2,
                   "--batch-size", 4, "--max-len-b", 8, "--cpu").stdout
     hyps = [line for line in out.splitlines() if line.startswith("H-")]
-    with open(f"{toy_translation_bin}/test.raw.de", encoding="utf-8") as f:
-        assert len(hyps) == sum(1 for _ in f)
+    assert len(hyps) == num_lines(f"{toy_translation_bin}/test.raw.de")
 
 
 def test_generate_then_sacrebleu_scoring(toy_translation_bin, mt_checkpoint, tmp_path):

@@ -148,6 +148,15 @@ def generate(data, ckpt, mode, smoke, timeout, log):
             "gen_error": None if rc == 0 else last_error(text)}
 
 
+def beam_column(res):
+    """The table's beam-search column: sentences/s, the error, or nothing (no beam search ran)."""
+    if "gen_ok" not in res:
+        return ""
+    if not res["gen_ok"]:
+        return f"FAILED {res['gen_error']}"
+    return format(res["gen_sentences_per_s"], "8.1f")  # gen_ok: the rate was read
+
+
 def summarise(text, rc):
     """Final loss, median updates/s, overflow count, NaN/inf seen, peak memory, from a json-format log."""
     losses, ups = [], []
@@ -239,9 +248,7 @@ def main():
         fmt = lambda v, f: "-" if v is None else format(v, f)  # noqa: E731
         print(f"{name:24} {mode:5} {world:<4} {'yes' if res['ok'] else 'NO':3} {fmt(res['final_loss'], '8.3f')} "
               f"{fmt(res['median_ups'], '7.2f')} {fmt(res['peak_gib'], '8.2f')} {res['overflows']:9d} "
-              f"{'YES' if res['nan_or_inf_loss'] else 'no':7} "
-              + ("" if "gen_ok" not in res else fmt(res["gen_sentences_per_s"], "8.1f") if res["gen_ok"]
-                 else f"FAILED {res['gen_error']}")
+              f"{'YES' if res['nan_or_inf_loss'] else 'no':7} {beam_column(res)}"
               + ("" if res["ok"] else f"  {res['error']}"), flush=True)
     if args.out:
         with open(args.out, "w") as f:

@@ -30,6 +30,7 @@ The training recipe of Transformer-XL (official ``data_utils.py``,
 --model-overrides '{"mem_len":640,"clamp_len":400,"same_length":True}'``
 scores the test set with a longer memory than training used.
 """
+import functools
 import logging
 import math
 import os
@@ -64,11 +65,9 @@ class StreamDataset(FairseqDataset):
     ``tokens[t+1]``, predicted from ``tokens[:t+1]``.
     """
 
-    def __init__(self, tokens, batch_size, tokens_per_sample, pad, source="corpus", num_shards=1, shard_id=0,
-                 with_stream_pos=True):
+    def __init__(self, tokens, batch_size, tokens_per_sample, pad, source="corpus", num_shards=1, shard_id=0):
         super().__init__()
         self.tokens, self.pad, self.source = tokens, pad, source
-        self.with_stream_pos = with_stream_pos  # net_input["stream_pos"], for a model with memory
         self.batch_size, self.tokens_per_sample = batch_size, tokens_per_sample
         self.num_shards, self.shard_id = num_shards, shard_id
         n_targets = tokens.numel() - 1
@@ -90,7 +89,7 @@ class StreamDataset(FairseqDataset):
         if num_shards == self.num_shards and shard_id == self.shard_id:
             return self
         return StreamDataset(self.tokens, self.batch_size, self.tokens_per_sample, self.pad, self.source,
-                             num_shards, shard_id, self.with_stream_pos)
+                             num_shards, shard_id)
 
     def __len__(self):
         return self.n_batches
@@ -107,12 +106,13 @@ class StreamDataset(FairseqDataset):
                 tgt[b, : hi - lo] = self.tokens[start + lo + 1: start + hi + 1]
         return {"id": i, "source": src, "target": tgt}
 
-    def collater(self, samples):
+    def collater(self, samples, stream_pos=True):
+        """The batch; ``net_input["stream_pos"]`` only with ``stream_pos`` (for a model with memory)."""
         assert len(samples) == 1, "every item of a StreamDataset is a whole batch"
         item = samples[0]
         src, tgt = item["source"], item["target"]
         net_input = {"src_tokens": src, "src_lengths": src.ne(self.pad).sum(1)}
-        if self.with_stream_pos:
+        if stream_pos:
             net_input["stream_pos"] = item["id"]
         return {
             "id": torch.full((src.size(0),), item["id"], dtype=torch.long),
@@ -175,6 +175,8 @@ class PromptDataset(FairseqDataset):
 class BPTTLanguageModelingTask(FairseqTask):
     """Language modelling over contiguous streams with memory carried across batches (see module docstring)."""
 
+    model_has_memory = True  # batches carry stream_pos; build_model looks at the model
+
     def __init__(self, cfg, dictionary):
         super().__init__(cfg)
         self.dictionary = dictionary
@@ -214,8 +216,7 @@ class BPTTLanguageModelingTask(FairseqTask):
             raise ValueError(f"{split_path}.bin holds token id {int(tokens.max())}, but the dictionary has only "
                              f"{len(self.dictionary)} symbols: the data was binarized with another dictionary")
         self.datasets[split] = StreamDataset(tokens, self._batch_size(split), self.cfg.tokens_per_sample,
-                                             self.dictionary.pad(), source=f"{split_path}.bin",
-                                             with_stream_pos=getattr(self, "model_has_memory", True))
+                                             self.dictionary.pad(), source=f"{split_path}.bin")
         logger.info(f"{split}: {tokens.numel() - 1} tokens, {self.datasets[split].batch_size} streams, "
                     f"{len(self.datasets[split])} batches of {self.cfg.tokens_per_sample}")
 
@@ -232,7 +233,8 @@ class BPTTLanguageModelingTask(FairseqTask):
                 data_buffer_size=data_buffer_size, disable_iterator_cache=True)
         shard = dataset.for_shard(num_shards, shard_id)
         return iterators.EpochBatchIterator(
-            dataset=shard, collate_fn=shard.collater, batch_sampler=[[i] for i in range(len(shard))],
+            dataset=shard, collate_fn=functools.partial(shard.collater, stream_pos=self.model_has_memory),
+            batch_sampler=[[i] for i in range(len(shard))],
             seed=seed, num_workers=num_workers, epoch=epoch, buffer_size=data_buffer_size,
             disable_shuffling=True, skip_remainder_batch=False,
         )
@@ -247,12 +249,9 @@ class BPTTLanguageModelingTask(FairseqTask):
 
     def build_model(self, cfg, from_checkpoint=False):
         """fairseq's; notes whether the model keeps a memory: a model without one (fairseq's decoders do
-        not take ``stream_pos``) gets its batches without the key."""
+        not take ``stream_pos``) gets its batches without the key (:meth:`get_batch_iterator`)."""
         model = super().build_model(cfg, from_checkpoint)
         self.model_has_memory = hasattr(model, "reset_memory")
-        for dataset in self.datasets.values():
-            if isinstance(dataset, StreamDataset):
-                dataset.with_stream_pos = self.model_has_memory
         return model
 
     def _reset_memory(self, model, slot=None):
