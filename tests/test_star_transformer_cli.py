@@ -253,3 +253,34 @@ def test_hub_from_pretrained(sst_bin, sst_hydra_run):
                        hub.model.classification_heads[head].out_proj.weight)
     with pytest.raises(KeyError, match="no classification head"):
         hub.predict("nope", tokens[0])
+
+
+def test_checkpoint_trained_with_word_vectors_loads_without_the_file(sst_bin, tmp_path):
+    """--pretrained-embeddings is read to train; a trained checkpoint holds the vectors, so fairseq-validate and
+    the hub load it after the file is gone (before: FileNotFoundError, and GloVe 840B read again at every load)."""
+    from fairseq.data import Dictionary
+
+    from user_dir.models.star_transformer import StarTransformerModel
+
+    vectors = tmp_path / "vectors.txt"
+    words = {w: [round(0.1 * (i + 1) * (-1) ** j, 3) for j in range(16)] for i, w in enumerate(WORDS)}
+    vectors.write_text("".join(f"{w} {' '.join(map(str, v))}\n" for w, v in words.items()))
+    train = ["--task", "sentence_prediction", "--criterion", "sentence_prediction", "--num-classes", 5, *TINY,
+             *TRAIN, "--freeze-embeddings"]
+    missing = cli.fairseq("train", sst_bin, *train, "--pretrained-embeddings", tmp_path / "absent.txt",
+                          "--save-dir", tmp_path / "none", check=False)
+    assert missing.returncode != 0  # training still needs the file, and says which
+    assert "--pretrained-embeddings: file not found:" in missing.stderr and "absent.txt" in missing.stderr
+    cli.fairseq("train", sst_bin, *train, "--pretrained-embeddings", vectors, "--save-dir", tmp_path / "ck")
+    vectors.unlink()
+    out = cli.fairseq("validate", sst_bin, "--task", "sentence_prediction", "--criterion", "sentence_prediction",
+                      "--num-classes", 5, "--path", tmp_path / "ck" / "checkpoint_last.pt", "--valid-subset",
+                      "test", "--batch-size", 8, "--cpu")
+    assert "not read, the checkpoint holds the vectors" in out.stdout + out.stderr
+    assert 0.0 <= _metric(out.stdout + out.stderr, "accuracy") <= 100.0
+    hub = StarTransformerModel.from_pretrained(str(tmp_path / "ck"), checkpoint_file="checkpoint_last.pt",
+                                               data_name_or_path=str(sst_bin))
+    table = hub.model.encoder.embed_tokens.weight
+    d = Dictionary.load(os.path.join(sst_bin, "input0", "dict.txt"))
+    for w, v in words.items():  # frozen: the file's vectors, restored from the checkpoint
+        assert torch.allclose(table[d.index(w)], torch.tensor(v)), w

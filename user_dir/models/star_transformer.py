@@ -14,8 +14,13 @@ runs with fairseq's own ``sentence_prediction`` task and criterion, and with the
 
 Pre-trained word vectors (GloVe or word2vec text format) fill the embedding table with
 ``--pretrained-embeddings FILE``; ``--freeze-embeddings`` keeps them fixed as in the paper.
+The file is read when a model is built for training; a trained checkpoint holds the vectors,
+so loading it (``fairseq-validate``, hub ``from_pretrained``) does not read the file again
+and works where the file is not (:func:`fill_pretrained_embeddings`).
 The encoder itself lives in :mod:`user_dir.modules.star_transformer_layer`.
 """
+import contextvars
+import functools
 import logging
 import os
 from dataclasses import dataclass, field
@@ -23,6 +28,7 @@ from typing import Optional
 
 import torch
 import torch.nn.functional as F
+from fairseq import models as fairseq_models
 from fairseq import utils
 from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 from fairseq.models import FairseqEncoder, FairseqEncoderModel, register_model, register_model_architecture
@@ -89,6 +95,45 @@ class StarTransformerConfig(FairseqDataclass):
         "help": "NLI pair features: paper: [r1; r2; |r1-r2|; r1-r2] (Sec. 5.3); mult: [r1; r2; |r1-r2|; r1*r2]"})
 
 
+_RESTORING = contextvars.ContextVar("fairseq_struct_restoring_checkpoint", default=False)
+
+
+def _note_checkpoint_builds():
+    """fairseq builds a model with ``from_checkpoint=True`` when it loads a trained one
+    (``checkpoint_utils.load_model_ensemble_and_task``: fairseq-validate, -generate, hub
+    ``from_pretrained``) but does not hand the flag on to the model's ``build_model``; this wraps
+    ``fairseq.models.build_model`` to note it for the duration of the build."""
+    build = fairseq_models.build_model
+    if getattr(build, "_notes_restoring", False):
+        return
+
+    @functools.wraps(build)
+    def build_model(cfg, task, from_checkpoint=False):
+        token = _RESTORING.set(bool(from_checkpoint))
+        try:
+            return build(cfg, task, from_checkpoint)
+        finally:
+            _RESTORING.reset(token)
+
+    build_model._notes_restoring = True
+    fairseq_models.build_model = build_model
+
+
+_note_checkpoint_builds()
+
+
+def fill_pretrained_embeddings(cfg, dictionary, embedding: nn.Embedding):
+    """``--pretrained-embeddings`` into ``embedding``, unless the model is being built to load a trained
+    checkpoint: its embedding table, vectors included, comes from the checkpoint (the file, GloVe 840B being
+    5.6 GB, need not be there nor be read again)."""
+    if not cfg.pretrained_embeddings:
+        return
+    if _RESTORING.get():
+        logger.info(f"--pretrained-embeddings {cfg.pretrained_embeddings}: not read, the checkpoint holds the vectors")
+        return
+    load_word_vectors(cfg.pretrained_embeddings, dictionary, embedding, normalize=cfg.normalize_pretrained)
+
+
 def load_word_vectors(path, dictionary, embedding: nn.Embedding, normalize=False):
     """Fills ``embedding`` rows of words found in a GloVe/word2vec text file; returns #found.
 
@@ -151,9 +196,7 @@ class StarTransformerEncoder(FairseqEncoder):
             self.embed_tokens = nn.Embedding(len(dictionary), wdim, padding_idx=self.padding_idx)
             nn.init.normal_(self.embed_tokens.weight, 0.0, wdim ** -0.5)
             nn.init.zeros_(self.embed_tokens.weight[self.padding_idx])
-            if cfg.pretrained_embeddings:
-                load_word_vectors(cfg.pretrained_embeddings, dictionary, self.embed_tokens,
-                                  normalize=cfg.normalize_pretrained)
+            fill_pretrained_embeddings(cfg, dictionary, self.embed_tokens)
             if cfg.freeze_embeddings:
                 self.embed_tokens.weight.requires_grad = False
             self.input_proj = nn.Linear(wdim, d) if wdim != d else None
@@ -235,8 +278,7 @@ class BaselineTransformerEncoder(FairseqEncoder):
         emb = nn.Embedding(len(dictionary), d, padding_idx=dictionary.pad())
         nn.init.normal_(emb.weight, 0.0, d ** -0.5)
         nn.init.zeros_(emb.weight[dictionary.pad()])
-        if cfg.pretrained_embeddings:
-            load_word_vectors(cfg.pretrained_embeddings, dictionary, emb, normalize=cfg.normalize_pretrained)
+        fill_pretrained_embeddings(cfg, dictionary, emb)
         if cfg.freeze_embeddings:
             emb.weight.requires_grad = False
         self.cfg = cfg
