@@ -7,7 +7,7 @@ import torch
 from tests.helpers import invariance
 from tests.helpers.ddp import assert_ddp_matches_single_process
 from tests.helpers.models import build, prev_output, random_sentences, toy_dictionary
-from user_dir.tasks.bptt_lm import BPTTLanguageModelingTask, StreamDataset
+from user_dir.tasks.bptt_lm import BPTTLanguageModelingTask, StreamDataset, TokenStream
 
 TINY = ["--n-layer", 2, "--d-model", 16, "--n-head", 2, "--d-head", 8, "--d-inner", 32, "--dropout", 0]
 
@@ -239,6 +239,37 @@ def test_task_iterator_is_ordered_sharded_and_resets_each_epoch(toy_lm_bin):
     assert model.decoder._stream_mems == {}
     with pytest.raises(ValueError, match="--context-window is not used"):
         task.eval_lm_dataloader(ds, context_window=5)
+
+
+def test_stream_read_in_place_equals_the_concatenated_lines(toy_lm_bin):
+    """The task reads fairseq-preprocess's memory-mapped .bin in place (no LongTensor copy of the corpus); every
+    slice and every batch equal those of the lines concatenated in memory, also after pickling (DataLoader workers)."""
+    import os
+    import pickle
+
+    from fairseq.data import data_utils
+
+    cfg = SimpleNamespace(data=toy_lm_bin, tokens_per_sample=7, batch_size=3, batch_size_valid=None)
+    task = BPTTLanguageModelingTask.setup_task(cfg)
+    task.load_dataset("train")
+    stream = task.dataset("train").tokens
+    assert isinstance(stream, TokenStream)
+    data = data_utils.load_indexed_dataset(os.path.join(toy_lm_bin, "train"), task.dictionary)
+    eos = torch.tensor([task.dictionary.eos()])
+    concat = torch.cat([eos] + [data[i].long() for i in range(len(data))])
+    n = concat.numel()
+    assert stream.numel() == n and stream.max_id() == int(concat.max())
+    for a, b in [(0, 0), (0, 1), (0, 5), (1, 9), (n - 3, n), (n - 1, n + 4), (5, 2), (0, n)]:
+        assert torch.equal(stream[a:b], concat[a:b]), (a, b)
+        assert stream[a:b].dtype == torch.long
+    for shard in range(2):
+        mapped = task.dataset("train").for_shard(2, shard)
+        in_memory = StreamDataset(concat, 3, 7, pad=task.dictionary.pad(), num_shards=2, shard_id=shard)
+        assert len(mapped) == len(in_memory)
+        for i in range(len(mapped)):
+            assert torch.equal(mapped[i]["source"], in_memory[i]["source"])
+            assert torch.equal(mapped[i]["target"], in_memory[i]["target"])
+    assert torch.equal(pickle.loads(pickle.dumps(stream))[0:n], concat)
 
 
 @pytest.mark.parametrize("name", ["wt103_base", "wt103_large", "enwik8_base", "enwik8_large", "ptb_small"])

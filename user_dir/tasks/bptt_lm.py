@@ -42,6 +42,7 @@ import torch
 
 from fairseq import utils
 from fairseq.data import Dictionary, FairseqDataset, data_utils, iterators
+from fairseq.data.indexed_dataset import MMapIndexedDataset
 from fairseq.dataclass import FairseqDataclass
 from fairseq.tasks import FairseqTask, register_task
 from omegaconf import II
@@ -58,11 +59,59 @@ class BPTTLMConfig(FairseqDataclass):
     max_target_positions: Optional[int] = field(default=None, metadata={"help": "unused (the memory is unbounded)"})
 
 
+class TokenStream:
+    """``[</s>] + corpus`` of a split binarized by ``fairseq-preprocess`` (``--dataset-impl mmap``, its
+    default), read in place from the memory-mapped ``.bin``: no copy of the corpus in memory
+    (WikiText-103's 103M tokens would take 824 MB per worker as a LongTensor); the file's own
+    2- or 4-byte ids stay in the page cache, which the workers of a machine share.  ``stream[a:b]``
+    is a LongTensor; :func:`token_stream` decides when it applies."""
+
+    def __init__(self, data: MMapIndexedDataset, eos: int):
+        self.data, self.eos = data, eos
+        self.length = 1 + int(data.sizes.sum(dtype=np.int64))
+
+    def _corpus(self) -> np.ndarray:
+        index = self.data._index
+        offset = int(index._pointers[0]) if len(index) else 0
+        return np.frombuffer(self.data._bin_buffer, dtype=index.dtype, count=self.length - 1, offset=offset)
+
+    def numel(self) -> int:
+        return self.length
+
+    def max_id(self) -> int:
+        return int(self._corpus().max()) if self.length > 1 else self.eos
+
+    def __getitem__(self, span: slice) -> torch.Tensor:
+        start, stop, _ = span.indices(self.length)
+        stop = max(start, stop)
+        part = self._corpus()[max(start - 1, 0):max(stop - 1, 0)].astype(np.int64)
+        if start == 0 and stop > 0:
+            part = np.concatenate([np.array([self.eos], dtype=np.int64), part])
+        return torch.from_numpy(part)
+
+
+def token_stream(data, eos: int):
+    """The split as one stream ``[</s>] + corpus`` (module docstring): a :class:`TokenStream` over the
+    memory-mapped file when its lines lie back to back in it (as ``fairseq-preprocess`` writes them),
+    otherwise (other ``--dataset-impl``, ``train1``... shards combined) the lines concatenated in memory."""
+    if isinstance(data, MMapIndexedDataset) and hasattr(data, "_index") and hasattr(data, "_bin_buffer"):
+        index = data._index
+        sizes, pointers = np.asarray(index.sizes, dtype=np.int64), np.asarray(index._pointers, dtype=np.int64)
+        if np.array_equal(pointers[1:], pointers[:-1] + sizes[:-1] * np.dtype(index.dtype).itemsize):
+            return TokenStream(data, eos)
+    lines = [data[i] for i in range(len(data))]
+    return torch.cat([torch.tensor([eos], dtype=torch.long)] + [t.long() for t in lines])
+
+
+def max_token_id(tokens) -> int:
+    return tokens.max_id() if isinstance(tokens, TokenStream) else int(tokens.max())
+
+
 class StreamDataset(FairseqDataset):
     """A token stream cut into contiguous streams; item ``i`` is batch ``i`` of one worker.
 
-    ``tokens`` is ``[</s>] + corpus``: target position ``t`` is
-    ``tokens[t+1]``, predicted from ``tokens[:t+1]``.
+    ``tokens`` is ``[</s>] + corpus`` (a LongTensor or a :class:`TokenStream`): target position
+    ``t`` is ``tokens[t+1]``, predicted from ``tokens[:t+1]``.
     """
 
     def __init__(self, tokens, batch_size, tokens_per_sample, pad, source="corpus", num_shards=1, shard_id=0):
@@ -209,11 +258,9 @@ class BPTTLanguageModelingTask(FairseqTask):
         data = data_utils.load_indexed_dataset(split_path, self.dictionary, combine=combine)
         if data is None:
             raise FileNotFoundError(f"bptt_lm: dataset {split} not found at {split_path}.{{bin,idx}}")
-        eos = self.dictionary.eos()
-        lines = [data[i] for i in range(len(data))]
-        tokens = torch.cat([torch.tensor([eos], dtype=torch.long)] + [t.long() for t in lines])
-        if tokens.numel() > 1 and int(tokens.max()) >= len(self.dictionary):
-            raise ValueError(f"{split_path}.bin holds token id {int(tokens.max())}, but the dictionary has only "
+        tokens = token_stream(data, self.dictionary.eos())
+        if tokens.numel() > 1 and max_token_id(tokens) >= len(self.dictionary):
+            raise ValueError(f"{split_path}.bin holds token id {max_token_id(tokens)}, but the dictionary has only "
                              f"{len(self.dictionary)} symbols: the data was binarized with another dictionary")
         self.datasets[split] = StreamDataset(tokens, self._batch_size(split), self.cfg.tokens_per_sample,
                                              self.dictionary.pad(), source=f"{split_path}.bin")
