@@ -5,6 +5,9 @@
 # SIZE: base | big.  Shares all embeddings when the dictionaries are joined (WMT14 En-De); for
 # WMT17 Zh-En pass DATA_BIN of prepare_wmt17_zh_en.sh (separate dictionaries are detected).
 # Set ARCH=transformer (and the matching size preset) for the baseline.
+# --max-tokens counts per GPU; the paper trains base on 2 GPUs and big on 3 without saying whether its
+# batch is per GPU: run on that many GPUs for the per-GPU reading, or on one GPU with --update-freq 24
+# (base) / 72 (big) among the extra flags for the same tokens per update.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 PYTHON=${PYTHON:-.venv/bin/python}
