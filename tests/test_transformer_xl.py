@@ -249,14 +249,16 @@ def test_stream_read_in_place_equals_the_concatenated_lines(toy_lm_bin):
 
     from fairseq.data import data_utils
 
+    from user_dir.tasks.bptt_lm import concatenated_lines
+
     cfg = SimpleNamespace(data=toy_lm_bin, tokens_per_sample=7, batch_size=3, batch_size_valid=None)
     task = BPTTLanguageModelingTask.setup_task(cfg)
     task.load_dataset("train")
     stream = task.dataset("train").tokens
     assert isinstance(stream, TokenStream)
     data = data_utils.load_indexed_dataset(os.path.join(toy_lm_bin, "train"), task.dictionary)
-    eos = torch.tensor([task.dictionary.eos()])
-    concat = torch.cat([eos] + [data[i].long() for i in range(len(data))])
+    concat = concatenated_lines(data, task.dictionary.eos())
+    assert concat.numel() == 1 + sum(len(data[i]) for i in range(len(data)))
     n = concat.numel()
     assert stream.numel() == n and stream.max_id() == int(concat.max())
     for a, b in [(0, 0), (0, 1), (0, 5), (1, 9), (n - 3, n), (n - 1, n + 4), (5, 2), (0, n)]:

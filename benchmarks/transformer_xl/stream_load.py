@@ -22,7 +22,7 @@ sys.path.insert(0, ROOT)
 
 from fairseq.data import data_utils, indexed_dataset  # noqa: E402
 
-from user_dir.tasks.bptt_lm import TokenStream, token_stream  # noqa: E402
+from user_dir.tasks.bptt_lm import TokenStream, concatenated_lines, token_stream  # noqa: E402
 
 
 def write_corpus(prefix, lines, vocab, seed=0):
@@ -31,10 +31,6 @@ def write_corpus(prefix, lines, vocab, seed=0):
     for length in rng.integers(20, 100, lines):
         builder.add_item(torch.from_numpy(np.append(rng.integers(4, vocab, length), 2)))
     builder.finalize(prefix + ".idx")
-
-
-def concatenated(data, eos):
-    return torch.cat([torch.tensor([eos], dtype=torch.long)] + [data[i].long() for i in range(len(data))])
 
 
 def rss_mb():
@@ -57,7 +53,7 @@ def main():
     tokens = int(data.sizes.sum())
     print(f"{len(data)} lines, {tokens} tokens, {a.vocab}-word dictionary ({data._index.dtype} ids)")
     for name, build in (("in place (TokenStream)", lambda: token_stream(data, 2)),
-                        ("concatenated LongTensor", lambda: concatenated(data, 2))):
+                        ("concatenated LongTensor", lambda: concatenated_lines(data, 2))):
         times, added = [], []
         for _ in range(a.repeats):
             before = rss_mb()

@@ -99,8 +99,12 @@ def token_stream(data, eos: int):
         sizes, pointers = np.asarray(index.sizes, dtype=np.int64), np.asarray(index._pointers, dtype=np.int64)
         if np.array_equal(pointers[1:], pointers[:-1] + sizes[:-1] * np.dtype(index.dtype).itemsize):
             return TokenStream(data, eos)
-    lines = [data[i] for i in range(len(data))]
-    return torch.cat([torch.tensor([eos], dtype=torch.long)] + [t.long() for t in lines])
+    return concatenated_lines(data, eos)
+
+
+def concatenated_lines(data, eos: int) -> torch.Tensor:
+    """``[</s>] + corpus`` as one LongTensor, line by line (any indexed dataset)."""
+    return torch.cat([torch.tensor([eos], dtype=torch.long)] + [data[i].long() for i in range(len(data))])
 
 
 def max_token_id(tokens) -> int:
@@ -259,8 +263,9 @@ class BPTTLanguageModelingTask(FairseqTask):
         if data is None:
             raise FileNotFoundError(f"bptt_lm: dataset {split} not found at {split_path}.{{bin,idx}}")
         tokens = token_stream(data, self.dictionary.eos())
-        if tokens.numel() > 1 and max_token_id(tokens) >= len(self.dictionary):
-            raise ValueError(f"{split_path}.bin holds token id {max_token_id(tokens)}, but the dictionary has only "
+        top = max_token_id(tokens) if tokens.numel() > 1 else 0
+        if top >= len(self.dictionary):
+            raise ValueError(f"{split_path}.bin holds token id {top}, but the dictionary has only "
                              f"{len(self.dictionary)} symbols: the data was binarized with another dictionary")
         self.datasets[split] = StreamDataset(tokens, self._batch_size(split), self.cfg.tokens_per_sample,
                                              self.dictionary.pad(), source=f"{split_path}.bin")
