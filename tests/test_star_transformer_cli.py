@@ -84,6 +84,26 @@ def test_nli_sentence_pair_train_validate(tmp_path):
     # the pair head reads four d-sized features ([r1; r2; |r1-r2|; r1-r2] by default)
     state = torch.load(save / "checkpoint_last.pt", weights_only=False)["model"]
     assert state["classification_heads.sentence_classification_head.dense.weight"].shape[1] == 4 * 16
+    # the hub classifies premise/hypothesis pairs as fairseq-validate does: same accuracy on the test split
+    from user_dir.models.star_transformer import StarTransformerModel
+
+    hub = StarTransformerModel.from_pretrained(str(save), checkpoint_file="checkpoint_last.pt",
+                                               data_name_or_path=str(dest)).eval()
+    head = "sentence_classification_head"
+    rows = [line.rstrip("\n").split("\t") for line in open(tmp_path / "test.txt")]
+    premises, hypotheses = [hub.encode(r[0]) for r in rows], [hub.encode(r[1]) for r in rows]
+    with torch.no_grad():
+        batch = hub.predict(head, premises, pair=hypotheses)
+        single = torch.cat([hub.predict(head, p, pair=h) for p, h in zip(premises, hypotheses)])
+    assert torch.allclose(batch, single, atol=1e-5)  # padding in the batch changes nothing
+    labels = [hub.task.label_dictionary.string([i + hub.task.label_dictionary.nspecial]) for i in batch.argmax(-1)]
+    accuracy = 100.0 * sum(lab == r[2] for lab, r in zip(labels, rows)) / len(rows)
+    assert accuracy == pytest.approx(_metric(out.stdout + out.stderr, "accuracy"), abs=0.05)  # printed to 0.1
+    assert hub.predict_label(head, rows[0][0], pair=rows[0][1]) == labels[0]
+    with pytest.raises(ValueError, match="classifies sentence pairs .* give the hypotheses with pair="):
+        hub.predict(head, premises[0])
+    with pytest.raises(ValueError, match="2 premises but 1 hypotheses"):
+        hub.predict(head, premises[:2], pair=hypotheses[:1])
 
 
 def _write_conll(path, sents, header=True):
@@ -253,6 +273,8 @@ def test_hub_from_pretrained(sst_bin, sst_hydra_run):
                        hub.model.classification_heads[head].out_proj.weight)
     with pytest.raises(KeyError, match="no classification head"):
         hub.predict("nope", tokens[0])
+    with pytest.raises(ValueError, match="classifies single sentences: pair= is for"):
+        hub.predict(head, tokens[0], pair=tokens[1])
 
 
 def test_checkpoint_trained_with_word_vectors_loads_without_the_file(sst_bin, tmp_path):

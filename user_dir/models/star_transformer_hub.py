@@ -14,6 +14,10 @@ whitespace-tokenised text::
     star.extract_features(tokens)                                      # H^T, 1 x T x d
     star.sentence_vector(tokens)                                       # s^T + max(H^T), 1 x d
 
+A model trained with ``sentence_pair_classification`` (NLI) classifies a premise with its
+hypothesis: ``star.predict(head, premises, pair=hypotheses)``,
+``star.predict_label(head, "a man sleeps", pair="a person rests")``.
+
 Text is encoded as ``preprocess/sst_prepare.py`` binarised it (whitespace tokens, ``</s>``
 appended, ``<s>`` prepended only when the task was trained with ``--init-token``).  Several
 sentences go in as a list of token tensors; they are right-padded into one batch (the
@@ -77,15 +81,31 @@ class StarTransformerHubInterface(nn.Module):
         r, _ = self.model.sentence_vector(self._batch(tokens))
         return r
 
-    def predict(self, head: str, tokens: Tokens, return_logits: bool = False) -> torch.Tensor:
-        """Log-probabilities (or logits) of classification head ``head``, B x classes."""
+    def predict(self, head: str, tokens: Tokens, return_logits: bool = False, pair: Tokens = None) -> torch.Tensor:
+        """Log-probabilities (or logits) of classification head ``head``, B x classes.
+
+        ``pair``: for a sentence-pair (NLI) head, the hypotheses, one per premise in ``tokens``."""
         if head not in self.model.classification_heads:
             raise KeyError(f"no classification head {head!r}; the model has {sorted(self.model.classification_heads)}")
-        logits, _ = self.model(self._batch(tokens), features_only=True, classification_head_name=head)
+        pair_head = self.model.classification_heads[head].dense.in_features == 4 * self.model.cfg.encoder_embed_dim
+        if pair_head and pair is None:
+            raise ValueError(f"classification head {head!r} classifies sentence pairs (sentence_pair_classification): "
+                             f"give the hypotheses with pair=")
+        if pair is not None and not pair_head:
+            raise ValueError(f"classification head {head!r} classifies single sentences: pair= is for the heads of "
+                             f"sentence_pair_classification models")
+        src, extra = self._batch(tokens), {}
+        if pair is not None:
+            extra["pair_tokens"] = self._batch(pair)
+            if extra["pair_tokens"].size(0) != src.size(0):
+                raise ValueError(f"{src.size(0)} premises but {extra['pair_tokens'].size(0)} hypotheses (pair=)")
+        logits, _ = self.model(src, features_only=True, classification_head_name=head, **extra)
         return logits if return_logits else F.log_softmax(logits, dim=-1)
 
-    def predict_label(self, head: str, sentence: str) -> str:
-        """The label string (as in the task's ``label/dict.txt``) predicted for one sentence."""
-        index = int(self.predict(head, self.encode(sentence)).argmax(-1))
+    def predict_label(self, head: str, sentence: str, pair: str = None) -> str:
+        """The label string (as in the task's ``label/dict.txt``) predicted for one sentence (with its
+        hypothesis ``pair`` for a sentence-pair head)."""
+        hypothesis = None if pair is None else self.encode(pair)
+        index = int(self.predict(head, self.encode(sentence), pair=hypothesis).argmax(-1))
         labels = self.task.label_dictionary
         return labels.string([index + labels.nspecial])
