@@ -137,3 +137,29 @@ def test_trec_session_reader(shared_data, tmp_path):
             queries = line.split("\t")
             assert len(queries) >= 2 and all(q and q == q.lower() for q in queries)
     assert "us civil war causes\tus civil war economic causes" in splits["train"] + splits["valid"] + splits["test"]
+
+
+def test_sessions_typed_with_tabs_in_interactive_and_hub(synthetic, tmp_path):
+    """fairseq-interactive and the hub take a session in the .ses layout (queries separated by TAB) as the same
+    source as `q1 </q> q2`; before, the TABs were read as spaces and the session as one long query."""
+    data = synthetic / "bin"
+    fairseq("train", data, "--arch", "mtn_tiny", "--max-update", 4, "--save-dir", tmp_path, *TRAIN_ARGS)
+    joined = [line for line in (data / "raw" / "test.src").read_text().splitlines() if " </q> " in line][:4]
+    assert joined, "the synthetic test split has no multi-query session"
+    tabbed = [line.replace(" </q> ", "\t") for line in joined]
+
+    def interactive(lines):
+        out = fairseq("interactive", data, "--task", "query_suggestion", "--path", tmp_path / "checkpoint_last.pt",
+                      "--beam", 3, "--nbest", 2, "--cpu", "--max-query-length", 12, input="\n".join(lines) + "\n")
+        return [line for line in out.stdout.splitlines() if line[:2] in ("S-", "H-")]
+
+    from_tabs = interactive(tabbed)
+    assert from_tabs == interactive(joined)
+    assert sum(line.startswith("S-") for line in from_tabs) == len(joined)
+    assert all(" </q> " in line for line in from_tabs if line.startswith("S-"))
+    from user_dir.models.mtn import MTNModel
+
+    hub = MTNModel.from_pretrained(str(tmp_path), checkpoint_file="checkpoint_last.pt", data_name_or_path=str(data))
+    for tab_line, joined_line in zip(tabbed, joined):
+        assert hub.encode(tab_line).tolist() == hub.encode(joined_line).tolist()
+    assert hub.sample(tabbed[0], beam=3) == hub.sample(joined[0], beam=3)

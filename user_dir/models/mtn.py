@@ -20,10 +20,15 @@ each query keeps its terminator token, so the projection pads to
 are sinusoidal; the skip connection is a plain addition; level k > 2 projects the
 tokens refined by level k − 1.  Hyper-parameters of the paper's runs are not in
 the available text, so the presets below are sized for this plugin, not copied.
+
+Hub: ``MTNModel.from_pretrained(checkpoint_dir, checkpoint_file=..., data_name_or_path=...)`` gives
+fairseq's generator interface, whose ``encode``/``sample``/``generate`` also take a session in the
+``.ses`` layout (queries separated by TAB): ``hub.sample("cheap flights\tflights to paris", beam=5)``.
 """
 from argparse import Namespace
 from dataclasses import dataclass, field, fields
 
+from fairseq import hub_utils
 from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 from fairseq.models import FairseqEncoderDecoderModel, register_model, register_model_architecture
 from fairseq.models.transformer import Embedding, TransformerConfig, TransformerDecoderBase
@@ -31,7 +36,7 @@ from fairseq.utils import get_available_activation_fns
 from omegaconf import II
 
 from ..modules.mtn_session_encoder import MTNEncoder
-from ..modules.query_sessions import SEP
+from ..modules.query_sessions import SEP, typed_session
 
 
 @dataclass
@@ -76,6 +81,14 @@ def _transformer_cfg(cfg, **overrides):
     return TransformerConfig.from_namespace(Namespace(**flat))
 
 
+class SessionHubInterface(hub_utils.GeneratorHubInterface):
+    """fairseq's generator hub; ``encode`` also takes a TAB-separated session (each query through the
+    tokenizer and BPE on its own, joined by ``</q>``: :func:`~user_dir.modules.query_sessions.typed_session`)."""
+
+    def encode(self, sentence: str):
+        return self.binarize(typed_session(sentence, lambda query: self.apply_bpe(self.tokenize(query))))
+
+
 @register_model("mtn", dataclass=MTNConfig)
 class MTNModel(FairseqEncoderDecoderModel):
     """MTN encoder + fairseq Transformer decoder (see the module docstring)."""
@@ -83,6 +96,13 @@ class MTNModel(FairseqEncoderDecoderModel):
     def __init__(self, cfg, encoder, decoder):
         super().__init__(encoder, decoder)
         self.cfg = cfg
+
+    @classmethod
+    def from_pretrained(cls, model_name_or_path, checkpoint_file="model.pt", data_name_or_path=".", **kwargs):
+        """fairseq's hub loading; returns a :class:`SessionHubInterface`."""
+        x = hub_utils.from_pretrained(model_name_or_path, checkpoint_file, data_name_or_path,
+                                      archive_map=cls.hub_models(), **kwargs)
+        return SessionHubInterface(x["args"], x["task"], x["models"])
 
     @classmethod
     def build_model(cls, cfg, task):

@@ -117,3 +117,14 @@ def session_examples(queries, max_context=0):
 def flatten(context):
     """The source line of an example: queries joined by `` </q> ``."""
     return f" {SEP} ".join(" ".join(q) for q in context)
+
+
+def typed_session(line, encode_query=lambda query: query):
+    """A session typed by a user (``fairseq-interactive``, the hub) as the source line: in the ``.ses``
+    layout (queries separated by TAB) its queries, each through ``encode_query`` (tokenizer and BPE), are
+    joined by `` </q> ``; a line without TAB (already ``q1 </q> q2``, or one query) goes through
+    ``encode_query`` whole.  Without this a TAB would be read as a space, and the session as one query."""
+    line = line.rstrip("\n")
+    if "\t" not in line:
+        return encode_query(line)
+    return f" {SEP} ".join(encode_query(query.strip()) for query in line.split("\t"))

@@ -39,7 +39,7 @@ from fairseq.tasks.translation import TranslationConfig, TranslationTask
 
 from ..modules import query_suggestion_metrics as qs_metrics
 from ..modules.mtn_session_encoder import session_layout
-from ..modules.query_sessions import SEP, flatten, read_sessions, session_examples
+from ..modules.query_sessions import SEP, flatten, read_sessions, session_examples, typed_session
 
 logger = logging.getLogger(__name__)
 
@@ -123,6 +123,13 @@ class QuerySuggestionTask(TranslationTask):
             ListDataset(src, src_sizes), src_sizes, self.src_dict, ListDataset(tgt, tgt_sizes), tgt_sizes,
             self.tgt_dict, left_pad_source=self.cfg.left_pad_source, left_pad_target=self.cfg.left_pad_target,
         )
+
+    def get_interactive_tokens_and_lengths(self, lines, encode_fn):
+        """``fairseq-interactive`` input: a session per line, its queries separated by TAB (the ``.ses``
+        layout) or by `` </q> `` (:func:`~user_dir.modules.query_sessions.typed_session`)."""
+        tokens = [self.source_dictionary.encode_line(typed_session(line, encode_fn), add_if_not_exist=False).long()
+                  for line in lines]
+        return tokens, [t.numel() for t in tokens]
 
     def build_model(self, cfg, from_checkpoint=False):
         model = super().build_model(cfg, from_checkpoint)
