@@ -3,6 +3,10 @@ sentence-pair classification train → validate."""
 import importlib.util
 import os
 import random
+import re
+
+import pytest
+import torch
 
 from tests.helpers.cli import ROOT, TINY_TRANSLATION_ARGS, USER_DIR, fairseq, num_lines, run, tool, train_translation
 
@@ -106,3 +110,21 @@ def test_sentence_pair_classification_train_and_validate(tmp_path):
                   save / "checkpoint_last.pt", "--valid-subset", "test_ops3", "--batch-size", "16", "--cpu")
     log = out.stdout + out.stderr
     assert "test_ops3" in log and "accuracy" in log
+    # the hub (RoBERTa's interface, no BPE: whitespace tokens as prepared) classifies the test pairs as
+    # fairseq-validate does; before, it downloaded GPT-2's BPE (or, with bpe=None, failed in encode)
+    from user_dir.models.fasttrees_transformer import FastTreesRobertaModel
+
+    hub = FastTreesRobertaModel.from_pretrained(str(save), checkpoint_file="checkpoint_last.pt",
+                                                data_name_or_path=str(data)).eval()
+    labels = hub.task.label_dictionary
+    rows = [line.rstrip("\n").split("\t") for line in open(raw / "test3")]
+
+    def text(formula):  # as propositionallogic_prepare.py writes it: brackets removed
+        return " ".join(t for t in formula.split() if t not in "()")
+
+    with torch.no_grad():
+        predicted = [hub.predict("sentence_classification_head", hub.encode(text(p), text(h))).argmax(-1).item()
+                     for _, p, h in rows]
+    accuracy = 100.0 * sum(labels.string([i + labels.nspecial]) == r[0] for i, r in zip(predicted, rows)) / len(rows)
+    validated = float(re.findall(r"\| accuracy ([\d.]+)", log)[-1])
+    assert accuracy == pytest.approx(validated, abs=0.05)  # printed to 0.1

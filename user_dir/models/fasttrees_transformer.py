@@ -198,6 +198,18 @@ class FastTreesRobertaEncoder(RobertaEncoder):
         return encoder
 
 
+class WhitespaceText:
+    """The hub's ``bpe`` for data binarized as whitespace tokens (no BPE): text passes unchanged."""
+
+    @staticmethod
+    def encode(text: str) -> str:
+        return " ".join(text.split())
+
+    @staticmethod
+    def decode(text: str) -> str:
+        return text
+
+
 @register_model("fasttrees_roberta")
 class FastTreesRobertaModel(RobertaModel):
     """RoBERTa with FastTrees blocks: classification heads for ``sentence_prediction``, LM head for ``masked_lm``."""
@@ -205,6 +217,24 @@ class FastTreesRobertaModel(RobertaModel):
     @classmethod
     def hub_models(cls):
         return {}
+
+    @classmethod
+    def from_pretrained(cls, model_name_or_path, checkpoint_file="model.pt", data_name_or_path=".", bpe=None,
+                        **kwargs):
+        """RoBERTa's hub interface (``encode(a, b)``, ``predict``, ``extract_features``), without BPE by default:
+        the recipes binarize whitespace-tokenized text (propositional logic, SST).  RoBERTa's default,
+        ``bpe="gpt2"``, would download GPT-2's BPE and split the words; pass it (or another fairseq BPE) for data
+        encoded with one.  ``encode`` writes RoBERTa's layout, ``<s> a </s> </s> b </s>``: the data of
+        ``sentence_prediction --init-token 0 --separator-token 2``."""
+        from fairseq import hub_utils
+        from fairseq.models.roberta import RobertaHubInterface
+
+        x = hub_utils.from_pretrained(model_name_or_path, checkpoint_file, data_name_or_path,
+                                      archive_map=cls.hub_models(), bpe=bpe, load_checkpoint_heads=True, **kwargs)
+        hub = RobertaHubInterface(x["args"], x["task"], x["models"][0])
+        if hub.bpe is None:
+            hub.bpe = WhitespaceText()
+        return hub
 
     @staticmethod
     def add_args(parser):
