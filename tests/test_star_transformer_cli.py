@@ -163,6 +163,25 @@ def test_tagging_train_predict(ner_dir, tmp_path):
     assert [g[:1] for g in gold] == [p[:1] for p in got]
     tags = set(open(dest / "tags.txt").read().split())
     assert all(p[1] in tags for p in got if p)
+    # the hub tags sentences as the predict command does (CRF Viterbi), alone or in one padded batch
+    from user_dir.models.star_transformer import StarTransformerModel
+
+    hub = StarTransformerModel.from_pretrained(str(save), checkpoint_file="checkpoint_last.pt",
+                                               data_name_or_path=str(dest)).eval()
+    sentences, predicted = [[]], [[]]
+    for line in got:
+        if line:
+            sentences[-1].append(line[0])
+            predicted[-1].append(line[1])
+        elif sentences[-1]:
+            sentences.append([])
+            predicted.append([])
+    sentences, predicted = [s for s in sentences if s], [p for p in predicted if p]
+    with torch.no_grad():
+        assert hub.tag([" ".join(s) for s in sentences]) == predicted
+        assert hub.tag(" ".join(sentences[0])) == predicted[0]
+    with pytest.raises(ValueError, match="tag: empty sentence"):
+        hub.tag(["john", " "])
 
 
 def test_tagging_bad_input(ner_dir, tmp_path):
@@ -275,6 +294,8 @@ def test_hub_from_pretrained(sst_bin, sst_hydra_run):
         hub.predict("nope", tokens[0])
     with pytest.raises(ValueError, match="classifies single sentences: pair= is for"):
         hub.predict(head, tokens[0], pair=tokens[1])
+    with pytest.raises(ValueError, match="trained with --task sentence_prediction, not sequence_tagging"):
+        hub.tag("good movie")
 
 
 def test_checkpoint_trained_with_word_vectors_loads_without_the_file(sst_bin, tmp_path):

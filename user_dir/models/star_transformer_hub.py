@@ -16,7 +16,9 @@ whitespace-tokenised text::
 
 A model trained with ``sentence_pair_classification`` (NLI) classifies a premise with its
 hypothesis: ``star.predict(head, premises, pair=hypotheses)``,
-``star.predict_label(head, "a man sleeps", pair="a person rests")``.
+``star.predict_label(head, "a man sleeps", pair="a person rests")``.  A ``sequence_tagging``
+model tags whitespace-tokenised sentences: ``star.tag("john smith visits paris")`` →
+``["B-PER", "I-PER", "O", "B-LOC"]`` (a list of sentences gives a list of tag lists).
 
 Text is encoded as ``preprocess/sst_prepare.py`` binarised it (whitespace tokens, ``</s>``
 appended, ``<s>`` prepended only when the task was trained with ``--init-token``).  Several
@@ -27,6 +29,7 @@ from typing import List, Union
 
 import torch
 import torch.nn.functional as F
+from fairseq import utils
 from fairseq.data import data_utils
 from torch import nn
 
@@ -101,6 +104,28 @@ class StarTransformerHubInterface(nn.Module):
                 raise ValueError(f"{src.size(0)} premises but {extra['pair_tokens'].size(0)} hypotheses (pair=)")
         logits, _ = self.model(src, features_only=True, classification_head_name=head, **extra)
         return logits if return_logits else F.log_softmax(logits, dim=-1)
+
+    def tag(self, sentences: Union[str, List[str]]) -> Union[List[str], List[List[str]]]:
+        """Tags of each word of a whitespace-tokenised sentence (or of each sentence of a list), from a
+        ``sequence_tagging`` model: its task's decoding (argmax, or Viterbi with ``--crf``), in one batch."""
+        from ..tasks.sequence_tagging import TaggingDataset
+
+        if not hasattr(self.task, "tags"):
+            raise ValueError(f"tag: the model was trained with --task {self.cfg.task._name}, not sequence_tagging")
+        single = isinstance(sentences, str)
+        words = [s.split() for s in ([sentences] if single else sentences)]
+        if any(not w for w in words):
+            raise ValueError("tag: empty sentence")
+        if self.task.cfg.lowercase:
+            words = [[w.lower() for w in ws] for ws in words]
+        tokens = [torch.tensor([self.dictionary.index(w) for w in ws], dtype=torch.long) for ws in words]
+        for t in tokens:
+            self._batch(t)  # the position table's limit, with the same message
+        data = TaggingDataset(tokens, [torch.zeros_like(t) for t in tokens], self.dictionary.pad())
+        batch = utils.apply_to_sample(lambda t: t.to(self.device), data.collater([data[i] for i in range(len(data))]))
+        best = self.task.predict(self.model, batch)
+        tags = [[self.task.tags[i] for i in best[row, :len(ws)].tolist()] for row, ws in enumerate(words)]
+        return tags[0] if single else tags
 
     def predict_label(self, head: str, sentence: str, pair: str = None) -> str:
         """The label string (as in the task's ``label/dict.txt``) predicted for one sentence (with its
