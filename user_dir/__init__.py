@@ -3,8 +3,8 @@
 ``--user-dir user_dir`` (or ``import user_dir``) registers every model, task
 and criterion of the plugin and makes torch ≥ 2.6's weights-only checkpoint
 loading accept the checkpoints ``fairseq-train`` writes (see
-:mod:`user_dir.checkpoint_safety`) and fixes fairseq bugs that lose data
-(:mod:`user_dir.fairseq_fixes`).
+:mod:`user_dir.checkpoint_safety`) and fixes fairseq bugs that lose data, and tells
+models built to load a checkpoint so (:mod:`user_dir.fairseq_fixes`).
 """
 from . import checkpoint_safety, fairseq_fixes
 

@@ -35,7 +35,7 @@ def main(argv=None):
 
     import user_dir  # noqa: F401  (registers the plugin)
     from fairseq import checkpoint_utils
-    from user_dir.tasks.sequence_tagging import TaggingDataset, TaggingFormatError
+    from user_dir.tasks.sequence_tagging import TaggingFormatError
 
     overrides = {"data": a.data} if a.data else {}
     if a.word_column is not None:
@@ -48,33 +48,17 @@ def main(argv=None):
         if a.tokens_per_line:
             with open(a.input, encoding="utf-8") as f:
                 sents = [line.split() for line in f]
-            if task.cfg.lowercase:
-                sents = [[w.lower() for w in s] for s in sents]
-            toks = [torch.tensor([task.dictionary.index(w) for w in s], dtype=torch.long) for s in sents]
-            ds = TaggingDataset(toks, [torch.zeros(len(t), dtype=torch.long) for t in toks], task.dictionary.pad())
-            too_long = [i + 1 for i, s in enumerate(sents) if len(s) > task.cfg.max_positions]
-            if too_long:
-                raise TaggingFormatError(f"{a.input}:{too_long[0]}: sentence longer than the position table "
-                                         f"(--max-positions {task.cfg.max_positions})")
+            ds = task.dataset_from_words(sents, source=a.input)
         else:
             ds = task.dataset_from_file(a.input, with_tags=False)
             from user_dir.tasks.sequence_tagging import read_conll
             sents = [w for w, _, _ in read_conll(a.input, task.cfg.word_column, with_tags=False)]
     except (TaggingFormatError, FileNotFoundError) as e:
         sys.exit(f"predict_tags: {e}")
-    preds = [None] * len(ds)
+    preds = []
     with torch.no_grad():
         for start in range(0, len(ds), a.batch_size):
-            idx = list(range(start, min(start + a.batch_size, len(ds))))
-            nonempty = [i for i in idx if len(ds.tokens[i]) > 0]
-            for i in set(idx) - set(nonempty):
-                preds[i] = []
-            if not nonempty:
-                continue
-            batch = ds.collater([ds[i] for i in nonempty])
-            out = task.predict(model, batch)
-            for row, i in enumerate(nonempty):
-                preds[i] = [task.tags[t] for t in out[row, : len(ds.tokens[i])].tolist()]
+            preds += task.predict_tags(model, ds, range(start, min(start + a.batch_size, len(ds))))
     with open(a.output, "w", encoding="utf-8") as f:
         for words, tags in zip(sents, preds):
             if a.tokens_per_line:

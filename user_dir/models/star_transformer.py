@@ -19,8 +19,6 @@ so loading it (``fairseq-validate``, hub ``from_pretrained``) does not read the 
 and works where the file is not (:func:`fill_pretrained_embeddings`).
 The encoder itself lives in :mod:`user_dir.modules.star_transformer_layer`.
 """
-import contextvars
-import functools
 import logging
 import os
 from dataclasses import dataclass, field
@@ -28,12 +26,12 @@ from typing import Optional
 
 import torch
 import torch.nn.functional as F
-from fairseq import models as fairseq_models
 from fairseq import utils
 from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 from fairseq.models import FairseqEncoder, FairseqEncoderModel, register_model, register_model_architecture
 from torch import nn
 
+from ..fairseq_fixes import building_from_checkpoint
 from ..modules.star_transformer_layer import StarTransformer, StarTransformerOptions
 from ..tasks.kinds import check_task_kind
 
@@ -95,40 +93,13 @@ class StarTransformerConfig(FairseqDataclass):
         "help": "NLI pair features: paper: [r1; r2; |r1-r2|; r1-r2] (Sec. 5.3); mult: [r1; r2; |r1-r2|; r1*r2]"})
 
 
-_RESTORING = contextvars.ContextVar("fairseq_struct_restoring_checkpoint", default=False)
-
-
-def _note_checkpoint_builds():
-    """fairseq builds a model with ``from_checkpoint=True`` when it loads a trained one
-    (``checkpoint_utils.load_model_ensemble_and_task``: fairseq-validate, -generate, hub
-    ``from_pretrained``) but does not hand the flag on to the model's ``build_model``; this wraps
-    ``fairseq.models.build_model`` to note it for the duration of the build."""
-    build = fairseq_models.build_model
-    if getattr(build, "_notes_restoring", False):
-        return
-
-    @functools.wraps(build)
-    def build_model(cfg, task, from_checkpoint=False):
-        token = _RESTORING.set(bool(from_checkpoint))
-        try:
-            return build(cfg, task, from_checkpoint)
-        finally:
-            _RESTORING.reset(token)
-
-    build_model._notes_restoring = True
-    fairseq_models.build_model = build_model
-
-
-_note_checkpoint_builds()
-
-
 def fill_pretrained_embeddings(cfg, dictionary, embedding: nn.Embedding):
     """``--pretrained-embeddings`` into ``embedding``, unless the model is being built to load a trained
     checkpoint: its embedding table, vectors included, comes from the checkpoint (the file, GloVe 840B being
     5.6 GB, need not be there nor be read again)."""
     if not cfg.pretrained_embeddings:
         return
-    if _RESTORING.get():
+    if building_from_checkpoint():
         logger.info(f"--pretrained-embeddings {cfg.pretrained_embeddings}: not read, the checkpoint holds the vectors")
         return
     load_word_vectors(cfg.pretrained_embeddings, dictionary, embedding, normalize=cfg.normalize_pretrained)

@@ -29,7 +29,6 @@ from typing import List, Union
 
 import torch
 import torch.nn.functional as F
-from fairseq import utils
 from fairseq.data import data_utils
 from torch import nn
 
@@ -108,23 +107,14 @@ class StarTransformerHubInterface(nn.Module):
     def tag(self, sentences: Union[str, List[str]]) -> Union[List[str], List[List[str]]]:
         """Tags of each word of a whitespace-tokenised sentence (or of each sentence of a list), from a
         ``sequence_tagging`` model: its task's decoding (argmax, or Viterbi with ``--crf``), in one batch."""
-        from ..tasks.sequence_tagging import TaggingDataset
-
-        if not hasattr(self.task, "tags"):
+        if not hasattr(self.task, "predict_tags"):
             raise ValueError(f"tag: the model was trained with --task {self.cfg.task._name}, not sequence_tagging")
         single = isinstance(sentences, str)
         words = [s.split() for s in ([sentences] if single else sentences)]
         if any(not w for w in words):
             raise ValueError("tag: empty sentence")
-        if self.task.cfg.lowercase:
-            words = [[w.lower() for w in ws] for ws in words]
-        tokens = [torch.tensor([self.dictionary.index(w) for w in ws], dtype=torch.long) for ws in words]
-        for t in tokens:
-            self._batch(t)  # the position table's limit, with the same message
-        data = TaggingDataset(tokens, [torch.zeros_like(t) for t in tokens], self.dictionary.pad())
-        batch = utils.apply_to_sample(lambda t: t.to(self.device), data.collater([data[i] for i in range(len(data))]))
-        best = self.task.predict(self.model, batch)
-        tags = [[self.task.tags[i] for i in best[row, :len(ws)].tolist()] for row, ws in enumerate(words)]
+        data = self.task.dataset_from_words(words, source="tag")
+        tags = self.task.predict_tags(self.model, data, range(len(data)))
         return tags[0] if single else tags
 
     def predict_label(self, head: str, sentence: str, pair: str = None) -> str:

@@ -263,7 +263,7 @@ class BPTTLanguageModelingTask(FairseqTask):
         if data is None:
             raise FileNotFoundError(f"bptt_lm: dataset {split} not found at {split_path}.{{bin,idx}}")
         tokens = token_stream(data, self.dictionary.eos())
-        top = max_token_id(tokens) if tokens.numel() > 1 else 0
+        top = max_token_id(tokens)
         if top >= len(self.dictionary):
             raise ValueError(f"{split_path}.bin holds token id {top}, but the dictionary has only "
                              f"{len(self.dictionary)} symbols: the data was binarized with another dictionary")

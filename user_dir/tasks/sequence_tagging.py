@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import torch
+from fairseq import utils
 from fairseq.data import Dictionary, FairseqDataset, data_utils
 from fairseq.dataclass import FairseqDataclass
 from fairseq.tasks import FairseqTask, register_task
@@ -180,6 +181,32 @@ class SequenceTaggingTask(FairseqTask):
             tags.append(torch.tensor(ids, dtype=torch.long))
         logger.info(f"{path}: {len(tokens)} sentences")
         return TaggingDataset(tokens, tags, self.dictionary.pad(), path, [s[2] for s in sents])
+
+    def dataset_from_words(self, sentences, source="input"):
+        """Sentences to tag, each a list of words (lowercased as in training with ``--lowercase``); one longer
+        than the position table is refused, named by ``source`` and its number (its line, one per line)."""
+        tokens = []
+        for n, words in enumerate(sentences, 1):
+            if len(words) > self.cfg.max_positions:
+                raise TaggingFormatError(
+                    f"{source}:{n}: sentence of {len(words)} tokens is longer than the position table "
+                    f"(--max-positions {self.cfg.max_positions})")
+            words = [w.lower() for w in words] if self.cfg.lowercase else words
+            tokens.append(torch.tensor([self.dictionary.index(w) for w in words], dtype=torch.long))
+        return TaggingDataset(tokens, [torch.zeros(len(t), dtype=torch.long) for t in tokens], self.dictionary.pad())
+
+    def predict_tags(self, model, dataset, indices):
+        """Tag strings of the sentences ``indices`` of a :class:`TaggingDataset`, in one batch on the model's
+        device (:meth:`predict`); an empty sentence gets none."""
+        tags = {i: [] for i in indices}
+        nonempty = [i for i in indices if len(dataset.tokens[i]) > 0]
+        if nonempty:
+            device = next(model.parameters()).device
+            batch = utils.apply_to_sample(lambda t: t.to(device), dataset.collater([dataset[i] for i in nonempty]))
+            best = self.predict(model, batch)
+            for row, i in enumerate(nonempty):
+                tags[i] = [self.tags[t] for t in best[row, :len(dataset.tokens[i])].tolist()]
+        return [tags[i] for i in indices]
 
     def build_model(self, cfg, from_checkpoint=False):
         from fairseq import models
