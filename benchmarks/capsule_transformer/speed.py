@@ -13,7 +13,11 @@ Then the per-token cost of decoding late in a long output: the decoder alone, in
 on ``--decode-rows`` beam rows (a source of 30 tokens), reordered at every step as beam
 search does; the median time of the 10 steps around each of ``--decode-steps`` (30, 300).
 
-Both models share seed, sizes and batches; measurements are interleaved (vanilla, capsule,
+The dictionary has ``--vocab`` symbols, by default the size of the data each preset stands for
+(``VOCABULARY``): the output layer, its softmax and beam search's top-k over it cost both models alike,
+so a small vocabulary gives routing its largest share of a step.
+
+Both models share seed, sizes, dictionary and batches; measurements are interleaved (vanilla, capsule,
 vanilla, ...) so that load from other jobs hits both alike.  Times are the process's CPU
 time (``time.process_time``; one thread), so time spent descheduled by other jobs on a
 shared machine is not counted.  ``--out`` writes every figure as JSON.
@@ -48,6 +52,14 @@ PRESETS = {
                  "--decoder-embed-dim", "256", "--encoder-ffn-embed-dim", "1024", "--decoder-ffn-embed-dim", "1024",
                  "--encoder-attention-heads", "4", "--decoder-attention-heads", "4", "--share-all-embeddings"],
     "base": ["--share-all-embeddings"],
+}
+
+# joined-dictionary size of the data each preset stands for: the output projection, softmax and beam
+# search over it are part of every step, of both models
+VOCABULARY = {
+    "demo": 1004,  # about the size of the demo's (BPE of 800 merges)
+    "multi30k": 7872,  # examples/capsule_transformer/prepare_multi30k.sh (8,000 merges)
+    "base": 32768,  # WMT'16 En-De, BPE of 32K merges (the data of Vaswani et al.'s base and fairseq's scaling_nmt)
 }
 
 
@@ -132,22 +144,26 @@ def main():
     p.add_argument("--beam", type=int, default=5)
     p.add_argument("--decode-steps", default="30,300", help="steps whose per-token decoding time is reported")
     p.add_argument("--decode-rows", type=int, default=20, help="beam rows of the per-token measurement")
+    p.add_argument("--vocab", type=int, help="dictionary size, specials included (default: the preset's "
+                   f"data: {VOCABULARY}); a small one gives routing its largest share of a step")
     p.add_argument("--routing-iters", type=int, default=3)
     p.add_argument("--capsule-args", default="", help="extra flags for capsule_transformer, space separated")
     p.add_argument("--out", help="write every figure to this JSON file")
     a = p.parse_args()
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
-    d = toy_dictionary(1000)
+    vocab = a.vocab or VOCABULARY[a.preset]
+    d = toy_dictionary(vocab - 4)  # + pad, eos, unk, bos
+    assert len(d) == vocab
     sizes = PRESETS[a.preset]
     vanilla, _ = build("transformer", sizes + ["--dropout", "0.1"], dictionary=d, seed=1)
     capsule, _ = build("capsule_transformer", sizes + ["--dropout", "0.1", "--routing-iters", a.routing_iters]
                        + a.capsule_args.split(), dictionary=d, seed=1)
     models = {"transformer": vanilla, "capsule_transformer": capsule}
     opts = {k: torch.optim.Adam(m.parameters(), lr=1e-4) for k, m in models.items()}
-    result = {"preset": a.preset, "routing_iters": a.routing_iters, "capsule_args": a.capsule_args,
+    result = {"preset": a.preset, "vocab": vocab, "routing_iters": a.routing_iters, "capsule_args": a.capsule_args,
               "threads": torch.get_num_threads(), "repeats": a.repeats, "beam": a.beam, "train": {},
               "generate": {}, "decode": {}}
-    print(f"preset={a.preset} routing_iters={a.routing_iters} capsule_args='{a.capsule_args}' "
+    print(f"preset={a.preset} vocab={vocab} routing_iters={a.routing_iters} capsule_args='{a.capsule_args}' "
           f"threads={torch.get_num_threads()} repeats={a.repeats} (medians; CPU time)")
     for length in map(int, a.lengths.split(",")):
         train_b = batch(d, max(1, a.tokens // length), length, seed=3)

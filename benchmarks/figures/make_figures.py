@@ -117,11 +117,13 @@ def capsule_speed(results, plt):
     """Capsule / vanilla ratios against source length, from ``benchmarks/capsule_transformer/speed.py --out``."""
     runs = (("base", "base (paper size), default routing", "o-"), ("multi30k", "multi30k, default routing", "s-"),
             ("base_enc_self", "base, --routed-attention enc_self", "D--"),
-            ("multi30k_enc_self", "multi30k, --routed-attention enc_self", "^-"))
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
+            ("multi30k_enc_self", "multi30k, --routed-attention enc_self", "^-"),
+            ("base_vocab1004", "base, default routing", "o:"), ("multi30k_vocab1004", "multi30k, default routing", "s:"))
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.5))
     for name, label, style in runs:
         with open(os.path.join(CAPSULE_SPEED, f"speed_{name}.json"), encoding="utf-8") as f:
             r = json.load(f)
+        label = f"{label}, vocab {r.get('vocab', 1004):,}"  # runs before --vocab existed used 1,004 symbols
         lengths = sorted(r["train"], key=int)
         x = [int(n) for n in lengths]
         ax1.plot(x, [r["train"][n]["ratio"] for n in lengths], style, label=label)
