@@ -152,8 +152,9 @@ def main():
     a = p.parse_args()
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     vocab = a.vocab or VOCABULARY[a.preset]
-    d = toy_dictionary(vocab - 4)  # + pad, eos, unk, bos
-    assert len(d) == vocab
+    if vocab <= 4:
+        p.error(f"--vocab {vocab}: the dictionary needs more than its 4 special symbols")
+    d = toy_dictionary(vocab - 4)  # + bos, pad, eos, unk
     sizes = PRESETS[a.preset]
     vanilla, _ = build("transformer", sizes + ["--dropout", "0.1"], dictionary=d, seed=1)
     capsule, _ = build("capsule_transformer", sizes + ["--dropout", "0.1", "--routing-iters", a.routing_iters]
