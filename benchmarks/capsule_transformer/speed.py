@@ -13,8 +13,8 @@ Then the per-token cost of decoding late in a long output: the decoder alone, in
 on ``--decode-rows`` beam rows (a source of 30 tokens), reordered at every step as beam
 search does; the median time of the 10 steps around each of ``--decode-steps`` (30, 300).
 
-The dictionary has ``--vocab`` symbols, by default the size of the data each preset stands for
-(``VOCABULARY``): the output layer, its softmax and beam search's top-k over it cost both models alike,
+The dictionary has ``--vocab`` symbols, by default the size of the data the ``base`` and ``multi30k``
+presets stand for (``VOCABULARY``): the output layer, its softmax and beam search's top-k over it cost both models alike,
 so a small vocabulary gives routing its largest share of a step.
 
 Both models share seed, sizes, dictionary and batches; measurements are interleaved (vanilla, capsule,
@@ -57,7 +57,7 @@ PRESETS = {
 # joined-dictionary size of the data each preset stands for: the output projection, softmax and beam
 # search over it are part of every step, of both models
 VOCABULARY = {
-    "demo": 1004,  # about the size of the demo's (BPE of 800 merges)
+    "demo": 1004,  # a toy size (make demo's own dictionary has 176 symbols); the demo row is no target
     "multi30k": 7872,  # examples/capsule_transformer/prepare_multi30k.sh (8,000 merges)
     "base": 32768,  # WMT'16 En-De, BPE of 32K merges (the data of Vaswani et al.'s base and fairseq's scaling_nmt)
 }
