@@ -321,6 +321,102 @@ def test_factored_horizontal_gram_equals_the_capsule_gram():
                               atol=1e-4)
 
 
+def _horizontal_written_out(cube, counts, routing):
+    """Paper Alg. 1 for horizontal capsules, one output token at a time, on explicit capsules
+    ``C_m = E[m]`` (``H·K`` entries): couplings over the visible input tokens, ``s_n = Σ_m c_m C_m``,
+    ``v_n = squash(s_n)``, ``b_m += <C_m, v_n>`` (divided by the capsule size in rms mode)."""
+    bsz, q_len, heads, k_len = cube.shape
+    caps = cube.reshape(bsz, q_len, heads * k_len)
+    table, dist = routing.horizontal_logits.detach(), routing.max_distance
+    out = torch.zeros_like(caps)
+    for b in range(bsz):
+        for n in range(q_len):
+            inputs = [m for m in range(q_len) if counts[b, m] > 0 and (m <= n or not routing.causal)]
+            if not inputs:  # a pad row's causal prefix: nothing to route, Ω = 0
+                continue
+            logits = torch.stack([table[max(-dist, min(dist, n - m)) + dist] for m in inputs])
+            size = max(float(counts[b, n] * heads), 1.0) if routing.squash == "rms" else 1.0
+            for it in range(routing.iters):
+                c = torch.softmax(logits, 0)
+                s = sum(c[i] * caps[b, m] for i, m in enumerate(inputs))
+                v = _squash(s, size)
+                if it + 1 < routing.iters:
+                    logits = logits + torch.stack([caps[b, m].dot(v) for m in inputs]) / size
+            out[b, n] = v
+    return out.view_as(cube)
+
+
+
+def _squash(s, size):
+    """Paper Eq. 6 on the last dimension, norms divided by ``size``; ``squash(0) = 0``."""
+    q = s.square().sum(-1, keepdim=True) / size
+    return torch.where(q > 0, q / ((1 + q) * q.sqrt()), 0.0) * s
+
+
+def _vertical_written_out(cube, counts, routing):
+    """Paper Alg. 1 for vertical capsules on explicit capsules ``C_h`` (head ``h``'s logits of the query
+    rows, ``Q·K`` entries; when causal, query ``t``'s capsules are the prefix of rows ``<= t``): couplings
+    over the output heads, ``s_n = Σ_h c_hn C_h``, ``v_n = squash(s_n)``, ``b_hn += <C_h, v_n>``."""
+    bsz, q_len, heads, k_len = cube.shape
+    out = torch.zeros_like(cube)
+    for b in range(bsz):
+        for t in range(q_len) if routing.causal else [q_len - 1]:
+            caps = cube[b, :t + 1].transpose(0, 1).reshape(heads, -1)
+            size = max(float(counts[b, :t + 1].sum()), 1.0) if routing.squash == "rms" else 1.0
+            logits = routing.vertical_logits.detach()
+            for it in range(routing.iters):
+                v = _squash(torch.softmax(logits, 1).T @ caps, size)  # (H out, entries)
+                if it + 1 < routing.iters:
+                    logits = logits + caps @ v.T / size
+            v = v.view(heads, t + 1, k_len).transpose(0, 1)
+            if routing.causal:
+                out[b, t] = v[t]
+            else:
+                out[b] = v
+    return out
+
+
+@pytest.mark.parametrize("squash", ["l2", "rms"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_vertical_routing_equals_the_algorithm_written_out(causal, squash):
+    """Ω↕ of the Gram form (per-query prefix Grams when causal) = the algorithm on explicit capsules."""
+    routing = CapsuleRouting(4, routing="vertical", causal=causal, squash=squash)
+    torch.nn.init.normal_(routing.vertical_logits, generator=torch.Generator().manual_seed(1))  # asymmetric
+    cube, counts = _random_cube()
+    counts[1, 0], counts[0, 2] = 0, 3  # a pad row, and a row that sees 3 keys
+    cube[1, 0], cube[0, 2, :, 3:] = 0.0, 0.0
+    with torch.no_grad():
+        omega, _, _ = routing(cube, counts)
+    expected = _vertical_written_out(cube, counts, routing)
+    assert torch.allclose(omega, expected, atol=1e-5), (omega - expected).abs().max()
+
+@pytest.mark.parametrize("squash", ["l2", "rms"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_horizontal_routing_equals_the_algorithm_written_out(causal, squash):
+    """Ω↔ of the Gram form = the algorithm on explicit capsules, output by output: on a bare cube with a
+    pad row, and from the query/key factors of self-attention (future mask when causal; rows longer than
+    the head width, so the factored Gram and Ω products)."""
+    routing = CapsuleRouting(4, routing="horizontal", causal=causal, squash=squash, max_distance=3)
+    torch.nn.init.normal_(routing.horizontal_logits, generator=torch.Generator().manual_seed(1))  # asymmetric
+    cube, counts = _random_cube(q=6, k=6)
+    counts[1, 0] = 0  # a pad row: no capsule
+    cube[1, 0] = 0.0
+    with torch.no_grad():
+        omega, _, _ = routing(cube, counts)
+        expected = _horizontal_written_out(cube, counts, routing)
+        assert torch.allclose(omega, expected, atol=1e-5), (omega - expected).abs().max()
+        torch.manual_seed(0)
+        attention = CapsuleMultiheadAttention(8, 4, routing, self_attention=True)
+        future = torch.triu(torch.full((12, 12), float("-inf")), 1) if causal else None
+        attention.capture = True
+        attention(*[torch.randn(12, 2, 8)] * 3, attn_mask=future)
+        captured = attention.last_capture
+        visible = captured["visible"]
+        cube = captured["logits_before"].transpose(1, 2).masked_fill(~visible.unsqueeze(2), 0.0)
+        expected = _horizontal_written_out(cube, visible.sum(-1), routing)
+        assert torch.allclose(captured["omega_horizontal"], expected, atol=1e-5)
+
+
 @pytest.mark.parametrize("kind", ["self", "cross"])
 def test_factored_routing_with_key_padding_equals_the_explicit_capsules(kind):
     """Long rows (``M·K > (M + K)·d``) take ``u_m = q_m (K_hᵀ K_h)`` (:func:`key_gram_u`), which needs the pad
