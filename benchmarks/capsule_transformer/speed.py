@@ -134,6 +134,12 @@ def ratio_row(figures):
             "capsule_runs": figures["capsule_transformer"], "transformer_runs": figures["transformer"]}
 
 
+def write_json(path, result):
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(result, f, indent=1)
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--preset", choices=PRESETS, default="demo")
@@ -155,6 +161,9 @@ def main():
     if vocab <= 4:
         p.error(f"--vocab {vocab}: the dictionary needs more than its 4 special symbols")
     d = toy_dictionary(vocab - 4)  # + bos, pad, eos, unk
+    if min(int(s) for s in a.decode_steps.split(",")) < 5:
+        p.error(f"--decode-steps {a.decode_steps}: each step must be at least 5 (its figure is the median of the "
+                "10 steps around it)")
     sizes = PRESETS[a.preset]
     vanilla, _ = build("transformer", sizes + ["--dropout", "0.1"], dictionary=d, seed=1)
     capsule, _ = build("capsule_transformer", sizes + ["--dropout", "0.1", "--routing-iters", a.routing_iters]
@@ -192,9 +201,7 @@ def main():
         first, last = result["decode"][steps[0]]["ratio"], result["decode"][steps[-1]]["ratio"]
         print(f"step-{steps[-1]} ratio / step-{steps[0]} ratio: {last / first:.3f} (target <= 1.5)")
     if a.out:
-        os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
-        with open(a.out, "w") as f:
-            json.dump(result, f, indent=1)
+        write_json(a.out, result)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,132 @@
+"""Matrix-product work of capsule_transformer relative to fairseq's transformer of identical size.
+
+Counts the floating-point operations of matrix products (``mm``, ``bmm``, ``addmm``, attention
+kernels; torch's ``FlopCounterMode``) on the batches of ``speed.py``: a training step's forward and
+backward at each source length, and one incremental decoding step of 20 beam rows at target positions
+30 and 300.  Element-wise work (softmax, masks, the routing's squash and coupling updates, copies of the
+decoding state) is not counted.  The ratios are therefore what the time ratios of ``speed.py`` would be if
+every product ran at the same speed and element-wise work were free: the part of routing's cost that
+no implementation of the same algorithm avoids.  The rest of a measured ratio is efficiency (small
+batched products, element-wise passes over the logit cube, fairseq's fused attention kernel, memory
+traffic of the decoding state).
+
+    python benchmarks/capsule_transformer/flops.py --preset multi30k \\
+        --out benchmarks/capsule_transformer/results/flops_multi30k.json
+"""
+import argparse
+import os
+import sys
+
+import torch
+from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, sdpa_flop_count
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import speed  # noqa: E402  (sets up the import path of the repository)
+
+from tests.helpers.models import build, toy_dictionary  # noqa: E402
+
+
+def _cpu_flash(query, key, value, *args, out_shape=None, **kwargs):
+    return sdpa_flop_count(query, key, value)
+
+
+def _cpu_flash_backward(grad_out, query, key, value, *args, out_shape=None, **kwargs):
+    return sdpa_backward_flop_count(grad_out, query, key, value)
+
+
+# fairseq's self-attention runs torch's fused CPU attention kernel, which FlopCounterMode does not count
+CPU_ATTENTION = {
+    torch.ops.aten._scaled_dot_product_flash_attention_for_cpu: _cpu_flash,
+    torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward: _cpu_flash_backward,
+}
+
+
+def counted(fn):
+    with FlopCounterMode(display=False, custom_mapping=CPU_ATTENTION) as counter:
+        fn()
+    return counter.get_total_flops()
+
+
+def train_step_flops(model, b):
+    model.train()
+
+    def step():
+        out = model(b["src_tokens"], b["src_lengths"], b["prev_output_tokens"])[0]
+        torch.nn.functional.cross_entropy(out.view(-1, out.size(-1)), b["target"].view(-1)).backward()
+
+    flops = counted(step)
+    model.zero_grad(set_to_none=True)
+    return flops
+
+
+def decode_step_flops(model, dictionary, rows, beam, steps, seed=7):
+    """Products of the incremental decoder step at each position of ``steps`` (as speed.decode_step_times)."""
+    model.eval()
+    b = speed.batch(dictionary, rows // beam, 30, seed)
+    tokens = torch.randint(dictionary.nspecial, len(dictionary), (rows, max(steps) + 1),
+                           generator=torch.Generator().manual_seed(seed))
+    tokens[:, 0] = dictionary.eos()
+    order = torch.arange(rows).view(-1, beam).roll(1, dims=1).reshape(-1)
+    state, out = {}, {}
+    with torch.no_grad():
+        enc = model.encoder(b["src_tokens"], src_lengths=b["src_lengths"])
+        enc = model.encoder.reorder_encoder_out(enc, torch.arange(rows // beam).repeat_interleave(beam))
+        for t in range(max(steps) + 1):
+            def step():
+                if t:
+                    model.decoder.reorder_incremental_state_scripting(state, order)
+                model.get_normalized_probs(model.decoder(tokens[:, :t + 1], encoder_out=enc, incremental_state=state),
+                                           log_probs=True)
+            if t in steps:
+                out[t] = counted(step)
+            else:
+                step()
+    return out
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--preset", choices=speed.PRESETS, default="demo")
+    p.add_argument("--lengths", default="30,100,250")
+    p.add_argument("--tokens", type=int, default=2000, help="tokens per side of a training batch")
+    p.add_argument("--decode-steps", default="30,300")
+    p.add_argument("--decode-rows", type=int, default=20)
+    p.add_argument("--beam", type=int, default=5)
+    p.add_argument("--vocab", type=int, help=f"dictionary size (default: the preset's data, {speed.VOCABULARY})")
+    p.add_argument("--capsule-args", default="", help="extra flags for capsule_transformer, space separated")
+    p.add_argument("--out", help="write the counts to this JSON file")
+    a = p.parse_args()
+    vocab = a.vocab or speed.VOCABULARY[a.preset]
+    if vocab <= 4:
+        p.error(f"--vocab {vocab}: the dictionary needs more than its 4 special symbols")
+    d = toy_dictionary(vocab - 4)
+    sizes = speed.PRESETS[a.preset] + ["--dropout", "0.1"]
+    models = {"transformer": build("transformer", sizes, dictionary=d, seed=1)[0],
+              "capsule_transformer": build("capsule_transformer", sizes + a.capsule_args.split(), dictionary=d,
+                                           seed=1)[0]}
+    result = {"preset": a.preset, "vocab": vocab, "capsule_args": a.capsule_args, "train": {}, "decode": {}}
+    print(f"preset={a.preset} vocab={vocab} capsule_args='{a.capsule_args}': GFLOP of matrix products, capsule / vanilla")
+    for length in map(int, a.lengths.split(",")):
+        b = speed.batch(d, max(1, a.tokens // length), length, seed=3)
+        row = {k: train_step_flops(m, b) for k, m in models.items()}
+        row["ratio"] = row["capsule_transformer"] / row["transformer"]
+        result["train"][length] = row
+        print(f"train step, length {length:4d}: {row['capsule_transformer'] / 1e9:8.1f} / {row['transformer'] / 1e9:8.1f}"
+              f" = {row['ratio']:.3f}")
+    steps = [int(s) for s in a.decode_steps.split(",")]
+    per_model = {k: decode_step_flops(m, d, a.decode_rows, a.beam, steps) for k, m in models.items()}
+    for s in steps:
+        row = {k: v[s] for k, v in per_model.items()}
+        row["ratio"] = row["capsule_transformer"] / row["transformer"]
+        result["decode"][s] = row
+        print(f"decoding step {s:4d} ({a.decode_rows} rows): {row['capsule_transformer'] / 1e9:.3f} / "
+              f"{row['transformer'] / 1e9:.3f} = {row['ratio']:.3f}")
+    if len(steps) > 1:
+        print(f"step-{steps[-1]} ratio / step-{steps[0]} ratio: "
+              f"{result['decode'][steps[-1]]['ratio'] / result['decode'][steps[0]]['ratio']:.3f}")
+    if a.out:
+        speed.write_json(a.out, result)
+
+
+if __name__ == "__main__":
+    main()
