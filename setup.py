@@ -20,7 +20,7 @@ setup(
     # `fairseq==0.12.2`. See README.md, "Install".
     install_requires=_requirements("requirements.txt"),
     extras_require={
-        "test": ["pytest"],
+        "test": ["pytest", "pytest-xdist"],
         "oracles": ["transformers==4.35.2", "fastNLP==1.0.1", "rich==11.2.0", "prettytable", "setuptools<82"],
     },
     license="MIT",
