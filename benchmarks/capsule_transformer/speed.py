@@ -160,10 +160,14 @@ def main():
     vocab = a.vocab or VOCABULARY[a.preset]
     if vocab <= 4:
         p.error(f"--vocab {vocab}: the dictionary needs more than its 4 special symbols")
+    try:
+        steps = [int(s) for s in a.decode_steps.split(",")]
+    except ValueError:
+        steps = []
+    if not steps or min(steps) < 5:
+        p.error(f"--decode-steps {a.decode_steps}: comma-separated steps of at least 5 (each figure is the median "
+                "of the 10 steps around it)")
     d = toy_dictionary(vocab - 4)  # + bos, pad, eos, unk
-    if min(int(s) for s in a.decode_steps.split(",")) < 5:
-        p.error(f"--decode-steps {a.decode_steps}: each step must be at least 5 (its figure is the median of the "
-                "10 steps around it)")
     sizes = PRESETS[a.preset]
     vanilla, _ = build("transformer", sizes + ["--dropout", "0.1"], dictionary=d, seed=1)
     capsule, _ = build("capsule_transformer", sizes + ["--dropout", "0.1", "--routing-iters", a.routing_iters]
@@ -188,7 +192,6 @@ def main():
               f" ms ({step['sentences']} sent.), ratio capsule/vanilla {step['ratio']:.3f} (target <= 1.3); "
               f"beam-{a.beam} generation {rate['transformer']:6.2f} / {rate['capsule_transformer']:6.2f} sent/s "
               f"({rate['sentences']} sent.), speed ratio {rate['ratio']:.3f} (target >= 0.75)")
-    steps = [int(s) for s in a.decode_steps.split(",")]
     windows = interleaved(models, lambda k, m: decode_step_times(m, d, a.decode_rows, a.beam, max(steps) + 6),
                           a.repeats)
     for s in steps:
