@@ -321,6 +321,12 @@ def test_factored_horizontal_gram_equals_the_capsule_gram():
                               atol=1e-4)
 
 
+def _squash(s, size):
+    """Paper Eq. 6 on the last dimension, norms divided by ``size``; ``squash(0) = 0``."""
+    q = s.square().sum(-1, keepdim=True) / size
+    return torch.where(q > 0, q / ((1 + q) * q.sqrt()), 0.0) * s
+
+
 def _horizontal_written_out(cube, counts, routing):
     """Paper Alg. 1 for horizontal capsules, one output token at a time, on explicit capsules
     ``C_m = E[m]`` (``H·K`` entries): couplings over the visible input tokens, ``s_n = Σ_m c_m C_m``,
@@ -344,13 +350,6 @@ def _horizontal_written_out(cube, counts, routing):
                     logits = logits + torch.stack([caps[b, m].dot(v) for m in inputs]) / size
             out[b, n] = v
     return out.view_as(cube)
-
-
-
-def _squash(s, size):
-    """Paper Eq. 6 on the last dimension, norms divided by ``size``; ``squash(0) = 0``."""
-    q = s.square().sum(-1, keepdim=True) / size
-    return torch.where(q > 0, q / ((1 + q) * q.sqrt()), 0.0) * s
 
 
 def _vertical_written_out(cube, counts, routing):
@@ -389,6 +388,7 @@ def test_vertical_routing_equals_the_algorithm_written_out(causal, squash):
         omega, _, _ = routing(cube, counts)
     expected = _vertical_written_out(cube, counts, routing)
     assert torch.allclose(omega, expected, atol=1e-5), (omega - expected).abs().max()
+
 
 @pytest.mark.parametrize("squash", ["l2", "rms"])
 @pytest.mark.parametrize("causal", [False, True])
