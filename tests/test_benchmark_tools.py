@@ -1,24 +1,14 @@
 """The benchmark scripts' own logic where a figure in BENCHMARKS.md depends on it."""
-import importlib.util
-import os
-
 import torch
 from torch.utils.flop_counter import sdpa_backward_flop_count, sdpa_flop_count
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def _load(path):
-    spec = importlib.util.spec_from_file_location(os.path.basename(path)[:-3], os.path.join(ROOT, path))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from tests.helpers.cli import load_script
 
 
 def test_flop_count_includes_the_fused_cpu_attention_of_fairseqs_transformer():
     """fairseq's self-attention runs torch's fused CPU attention, which FlopCounterMode leaves at 0: the
     capsule/vanilla matrix-product ratio of flops.py would be inflated without its own formula."""
-    flops = _load("benchmarks/capsule_transformer/flops.py")
+    flops = load_script("benchmarks/capsule_transformer/flops.py")
     q = torch.randn(2, 4, 50, 16, requires_grad=True)
 
     def attention():

@@ -1,6 +1,5 @@
 """FastTrees through the real fairseq CLIs: NMT train → generate, LM hydra-train (YAML) → eval-lm → trees,
 sentence-pair classification train → validate."""
-import importlib.util
 import os
 import random
 import re
@@ -8,7 +7,8 @@ import re
 import pytest
 import torch
 
-from tests.helpers.cli import ROOT, TINY_TRANSLATION_ARGS, USER_DIR, fairseq, num_lines, run, tool, train_translation
+from tests.helpers.cli import (TINY_TRANSLATION_ARGS, USER_DIR, fairseq, load_script, num_lines, run, tool,
+                               train_translation)
 
 FT_TINY = ["--chunk-size", "8"]
 COMMON = ["--optimizer", "adam", "--lr", "1e-3", "--cpu", "--num-workers", "0", "--seed", "1",
@@ -17,10 +17,7 @@ COMMON = ["--optimizer", "adam", "--lr", "1e-3", "--cpu", "--num-workers", "0", 
 
 def in_process(path, *args):
     """Runs one of the project's scripts' ``main(argv)`` in this process (saves an interpreter start)."""
-    spec = importlib.util.spec_from_file_location("script_under_test", os.path.join(ROOT, path))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    module.main([str(a) for a in args])
+    load_script(path).main([str(a) for a in args])
 
 
 def test_translation_train_and_beam_generate(toy_translation_bin, tmp_path):

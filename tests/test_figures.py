@@ -13,12 +13,9 @@ RESULTS = os.path.join(ROOT, "benchmarks", "figures", "results")
 
 
 def _make_figures():
-    import importlib.util
+    from tests.helpers.cli import load_script
 
-    spec = importlib.util.spec_from_file_location("make_figures", os.path.join(ROOT, "benchmarks/figures/make_figures.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("benchmarks/figures/make_figures.py")
 
 
 def test_every_figure_is_drawn_from_the_results(tmp_path):

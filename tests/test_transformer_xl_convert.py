@@ -6,7 +6,6 @@ A small random HF model and a TransfoXLTokenizer vocabulary built from a toy tex
 dictionary; ``fairseq-eval-lm`` (the real CLI) must print, token by token, HF's log-probabilities for
 the same segments and memory.  transformers (4.35.2) is the test-only oracle; no internet.
 """
-import importlib.util
 import math
 import os
 import random
@@ -16,7 +15,7 @@ import warnings
 import pytest
 import torch
 
-from tests.helpers.cli import ROOT, USER_DIR, fairseq, script
+from tests.helpers.cli import USER_DIR, fairseq, load_script, script
 
 transformers = pytest.importorskip("transformers")
 
@@ -35,10 +34,7 @@ CUTOFFS = [8, 20]
 
 
 def _converter():
-    spec = importlib.util.spec_from_file_location("convert_hf_checkpoint", os.path.join(ROOT, SCRIPT))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(SCRIPT)
 
 
 def _lines(rng, n, words, weights):

@@ -23,8 +23,6 @@ from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import speed  # noqa: E402  (sets up the import path of the repository)
 
-from tests.helpers.models import build, toy_dictionary  # noqa: E402
-
 
 def _cpu_flash(query, key, value, *args, out_shape=None, **kwargs):
     return sdpa_flop_count(query, key, value)
@@ -49,61 +47,36 @@ def counted(fn):
 
 def train_step_flops(model, b):
     model.train()
-
-    def step():
-        out = model(b["src_tokens"], b["src_lengths"], b["prev_output_tokens"])[0]
-        torch.nn.functional.cross_entropy(out.view(-1, out.size(-1)), b["target"].view(-1)).backward()
-
-    flops = counted(step)
+    flops = counted(lambda: speed.forward_backward(model, b))
     model.zero_grad(set_to_none=True)
     return flops
 
 
-def decode_step_flops(model, dictionary, rows, beam, steps, seed=7):
-    """Products of the incremental decoder step at each position of ``steps`` (as speed.decode_step_times)."""
-    model.eval()
-    b = speed.batch(dictionary, rows // beam, 30, seed)
-    tokens = torch.randint(dictionary.nspecial, len(dictionary), (rows, max(steps) + 1),
-                           generator=torch.Generator().manual_seed(seed))
-    tokens[:, 0] = dictionary.eos()
-    order = torch.arange(rows).view(-1, beam).roll(1, dims=1).reshape(-1)
-    state, out = {}, {}
-    with torch.no_grad():
-        enc = model.encoder(b["src_tokens"], src_lengths=b["src_lengths"])
-        enc = model.encoder.reorder_encoder_out(enc, torch.arange(rows // beam).repeat_interleave(beam))
-        for t in range(max(steps) + 1):
-            def step():
-                if t:
-                    model.decoder.reorder_incremental_state_scripting(state, order)
-                model.get_normalized_probs(model.decoder(tokens[:, :t + 1], encoder_out=enc, incremental_state=state),
-                                           log_probs=True)
-            if t in steps:
-                out[t] = counted(step)
-            else:
-                step()
+def decode_step_flops(model, dictionary, rows, beam, steps):
+    """Products of the incremental decoding step at each position of ``steps`` (:func:`speed.run_decoder`)."""
+    out = {}
+
+    def count(t, step):
+        if t in steps:
+            out[t] = counted(step)
+        else:
+            step()
+
+    speed.run_decoder(model, dictionary, rows, beam, max(steps) + 1, count)
     return out
 
 
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--preset", choices=speed.PRESETS, default="demo")
+    speed.add_model_args(p)
     p.add_argument("--lengths", default="30,100,250")
     p.add_argument("--tokens", type=int, default=2000, help="tokens per side of a training batch")
     p.add_argument("--decode-steps", default="30,300")
     p.add_argument("--decode-rows", type=int, default=20)
     p.add_argument("--beam", type=int, default=5)
-    p.add_argument("--vocab", type=int, help=f"dictionary size (default: the preset's data, {speed.VOCABULARY})")
-    p.add_argument("--capsule-args", default="", help="extra flags for capsule_transformer, space separated")
     p.add_argument("--out", help="write the counts to this JSON file")
     a = p.parse_args()
-    vocab = a.vocab or speed.VOCABULARY[a.preset]
-    if vocab <= 4:
-        p.error(f"--vocab {vocab}: the dictionary needs more than its 4 special symbols")
-    d = toy_dictionary(vocab - 4)
-    sizes = speed.PRESETS[a.preset] + ["--dropout", "0.1"]
-    models = {"transformer": build("transformer", sizes, dictionary=d, seed=1)[0],
-              "capsule_transformer": build("capsule_transformer", sizes + a.capsule_args.split(), dictionary=d,
-                                           seed=1)[0]}
+    vocab, d, models = speed.build_models(p, a)
     result = {"preset": a.preset, "vocab": vocab, "capsule_args": a.capsule_args, "train": {}, "decode": {}}
     print(f"preset={a.preset} vocab={vocab} capsule_args='{a.capsule_args}': GFLOP of matrix products, capsule / vanilla")
     for length in map(int, a.lengths.split(",")):

@@ -75,13 +75,17 @@ def batch(dictionary, n, length, seed):
     }
 
 
+def forward_backward(model, b):
+    """Training forward (cross-entropy on the batch's targets) and backward."""
+    out = model(b["src_tokens"], b["src_lengths"], b["prev_output_tokens"])[0]
+    torch.nn.functional.cross_entropy(out.view(-1, out.size(-1)), b["target"].view(-1)).backward()
+
+
 def train_step_time(model, opt, b):
     model.train()
     t0 = time.process_time()
     opt.zero_grad()
-    out = model(b["src_tokens"], b["src_lengths"], b["prev_output_tokens"])[0]
-    loss = torch.nn.functional.cross_entropy(out.view(-1, out.size(-1)), b["target"].view(-1))
-    loss.backward()
+    forward_backward(model, b)
     opt.step()
     return time.process_time() - t0
 
@@ -97,24 +101,37 @@ def generate_rate(model, dictionary, b, beam):
     return b["src_tokens"].size(0) / (time.process_time() - t0)
 
 
-def decode_step_times(model, dictionary, rows, beam, steps, seed=7):
-    """CPU time of each incremental decoder step (encoder once; reorder within beams every step)."""
+def run_decoder(model, dictionary, rows, beam, steps, each_step, seed=7):
+    """Incremental decoding of ``steps`` tokens on ``rows`` beam rows (encoder once; rows reordered within
+    their beam at every step, as beam search does): ``each_step(t, step)`` runs step ``t`` by calling ``step()``."""
     model.eval()
     b = batch(dictionary, rows // beam, 30, seed)
     tokens = torch.randint(dictionary.nspecial, len(dictionary), (rows, steps), generator=torch.Generator().manual_seed(seed))
     tokens[:, 0] = dictionary.eos()
     order = torch.arange(rows).view(-1, beam).roll(1, dims=1).reshape(-1)  # rows move inside their beam
-    times, state = [], {}
+    state = {}
     with torch.no_grad():
         enc = model.encoder(b["src_tokens"], src_lengths=b["src_lengths"])
         enc = model.encoder.reorder_encoder_out(enc, torch.arange(rows // beam).repeat_interleave(beam))
         for t in range(steps):
-            t0 = time.process_time()
-            if t:
-                model.decoder.reorder_incremental_state_scripting(state, order)
-            out = model.decoder(tokens[:, :t + 1], encoder_out=enc, incremental_state=state)
-            model.get_normalized_probs(out, log_probs=True)
-            times.append(time.process_time() - t0)
+            def step():
+                if t:
+                    model.decoder.reorder_incremental_state_scripting(state, order)
+                out = model.decoder(tokens[:, :t + 1], encoder_out=enc, incremental_state=state)
+                model.get_normalized_probs(out, log_probs=True)
+            each_step(t, step)
+
+
+def decode_step_times(model, dictionary, rows, beam, steps, seed=7):
+    """CPU time of each incremental decoder step (:func:`run_decoder`)."""
+    times = []
+
+    def timed(t, step):
+        t0 = time.process_time()
+        step()
+        times.append(time.process_time() - t0)
+
+    run_decoder(model, dictionary, rows, beam, steps, timed, seed)
     return times
 
 
@@ -140,9 +157,31 @@ def write_json(path, result):
         json.dump(result, f, indent=1)
 
 
+def add_model_args(p):
+    """The flags that choose the two models and their dictionary."""
+    p.add_argument("--preset", choices=PRESETS, default="demo")
+    p.add_argument("--vocab", type=int, help="dictionary size, specials included (default: the preset's "
+                   f"data: {VOCABULARY}); a small one gives routing its largest share of a step")
+    p.add_argument("--routing-iters", type=int, default=3)
+    p.add_argument("--capsule-args", default="", help="extra flags for capsule_transformer, space separated")
+
+
+def build_models(p, a):
+    """``(vocab, dictionary, {"transformer": ..., "capsule_transformer": ...})``: same seed, sizes and dictionary."""
+    vocab = a.vocab or VOCABULARY[a.preset]
+    if vocab <= 4:
+        p.error(f"--vocab {vocab}: the dictionary needs more than its 4 special symbols")
+    d = toy_dictionary(vocab - 4)  # + bos, pad, eos, unk
+    sizes = PRESETS[a.preset] + ["--dropout", "0.1"]
+    vanilla, _ = build("transformer", sizes, dictionary=d, seed=1)
+    capsule, _ = build("capsule_transformer", sizes + ["--routing-iters", a.routing_iters] + a.capsule_args.split(),
+                       dictionary=d, seed=1)
+    return vocab, d, {"transformer": vanilla, "capsule_transformer": capsule}
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--preset", choices=PRESETS, default="demo")
+    add_model_args(p)
     p.add_argument("--lengths", default="30,100,250", help="source (and target) lengths, comma separated")
     p.add_argument("--tokens", type=int, default=2000, help="tokens per side of a training batch")
     p.add_argument("--gen-tokens", type=int, default=500, help="source tokens of a generation batch")
@@ -150,16 +189,9 @@ def main():
     p.add_argument("--beam", type=int, default=5)
     p.add_argument("--decode-steps", default="30,300", help="steps whose per-token decoding time is reported")
     p.add_argument("--decode-rows", type=int, default=20, help="beam rows of the per-token measurement")
-    p.add_argument("--vocab", type=int, help="dictionary size, specials included (default: the preset's "
-                   f"data: {VOCABULARY}); a small one gives routing its largest share of a step")
-    p.add_argument("--routing-iters", type=int, default=3)
-    p.add_argument("--capsule-args", default="", help="extra flags for capsule_transformer, space separated")
     p.add_argument("--out", help="write every figure to this JSON file")
     a = p.parse_args()
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
-    vocab = a.vocab or VOCABULARY[a.preset]
-    if vocab <= 4:
-        p.error(f"--vocab {vocab}: the dictionary needs more than its 4 special symbols")
     try:
         steps = [int(s) for s in a.decode_steps.split(",")]
     except ValueError:
@@ -167,12 +199,7 @@ def main():
     if not steps or min(steps) < 5:
         p.error(f"--decode-steps {a.decode_steps}: comma-separated steps of at least 5 (each figure is the median "
                 "of the 10 steps around it)")
-    d = toy_dictionary(vocab - 4)  # + bos, pad, eos, unk
-    sizes = PRESETS[a.preset]
-    vanilla, _ = build("transformer", sizes + ["--dropout", "0.1"], dictionary=d, seed=1)
-    capsule, _ = build("capsule_transformer", sizes + ["--dropout", "0.1", "--routing-iters", a.routing_iters]
-                       + a.capsule_args.split(), dictionary=d, seed=1)
-    models = {"transformer": vanilla, "capsule_transformer": capsule}
+    vocab, d, models = build_models(p, a)
     opts = {k: torch.optim.Adam(m.parameters(), lr=1e-4) for k, m in models.items()}
     result = {"preset": a.preset, "vocab": vocab, "routing_iters": a.routing_iters, "capsule_args": a.capsule_args,
               "threads": torch.get_num_threads(), "repeats": a.repeats, "beam": a.beam, "train": {},

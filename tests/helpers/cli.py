@@ -1,4 +1,5 @@
 """Run the real fairseq console entry points (and the plugin's scripts) on tiny data."""
+import importlib.util
 import os
 import subprocess
 import sys
@@ -49,6 +50,14 @@ def fairseq(name, *args, user_dir=True, **kwargs):
 def script(path, *args, **kwargs):
     """Runs one of the project's Python scripts (path relative to the repository root)."""
     return run([sys.executable, os.path.join(ROOT, path), *map(str, args)], **kwargs)
+
+
+def load_script(path):
+    """Imports one of the project's Python scripts (path relative to the repository root) as a module."""
+    spec = importlib.util.spec_from_file_location(os.path.splitext(os.path.basename(path))[0], os.path.join(ROOT, path))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def make_toy_translation_data(workdir, train=300, valid=37, test=43, merges=200):
