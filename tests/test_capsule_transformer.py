@@ -441,9 +441,14 @@ def test_factored_routing_with_key_padding_equals_the_explicit_capsules(kind):
     assert torch.allclose(factored[mask], explicit[mask], atol=1e-5), (factored - explicit)[mask].abs().max()
 
 
-def test_long_target_full_pass_equals_decoding():
-    """At 140 target tokens the full pass takes the blocked triangular products and decoding the kept
-    Gram: both must still agree."""
+def test_long_target_full_pass_equals_decoding(monkeypatch):
+    """At 140 target tokens the full pass takes the blocked triangular products, and decoding keeps the
+    logit rows, then the Gram, then past twice the width 32 (GRAM_FREE_DECODING set to 2) only the
+    factors and in-block Gram entries (decode_agreement), in decoder self- and encoder-decoder
+    attention: all must agree."""
+    from user_dir.modules import capsule_routing
+
+    monkeypatch.setattr(capsule_routing, "GRAM_FREE_DECODING", 2)
     model, d = _model(*ALL_MODULES)
     src = random_sentences(d, [20], seed=3)[0]
     prev = prev_output(random_sentences(d, [140], seed=4)[0], d.eos())
@@ -492,3 +497,45 @@ def test_decode_suffix_omega_equals_suffix_weighted_sums(size):
 
     spare = decode_suffix_omega(w, in_buffer(q_rows, 1), in_buffer(k, 2), in_buffer(diag, 1), block=4)
     assert torch.equal(spare, omega)
+
+
+@pytest.mark.parametrize("size", [1, 4, 5, 16, 17, 70])
+def test_decode_agreement_equals_the_gram_product(size):
+    """A decoding step without the Gram (block 4 here): G c from block totals, their prefix and suffix
+    sums and the in-block entries = the Gram times c, for decoder self-attention (G_mn = u_min·q_max)
+    and encoder-decoder attention (u_m = q_m A: G_mn = u_m·q_n); the in-block entries grown row by row,
+    reordered at every step as decoding does = those of the whole Gram; NaN in the buffers' spare rows
+    does not reach the result."""
+    from user_dir.modules.capsule_routing import (append_rows, block_gram, decode_agreement, factored_gram,
+                                                  grow_block_gram)
+
+    g = torch.Generator().manual_seed(size)
+    bsz, width, block = 3, 6, 4
+    q_rows, u_rows = torch.randn(bsz, size, width, generator=g), torch.randn(bsz, size, width, generator=g)
+    c = torch.rand(bsz, size, 1, generator=g)
+    gram = factored_gram(u_rows, q_rows)
+    blocks = block_gram(u_rows, q_rows, block=block)
+    for m in range(size):
+        start = m // block * block
+        seen = gram[:, m, start:start + block]
+        assert torch.allclose(blocks[:, m, :seen.size(1)], seen, atol=1e-5)
+        assert not blocks[:, m, seen.size(1):].any()
+    order = torch.tensor([2, 0, 0])  # permuted and duplicated
+    u_hist, q_hist = u_rows[:, :1], q_rows[:, :1]
+    grown = block_gram(u_hist, q_hist, block=block)
+    for m in range(1, size):
+        u_hist = append_rows(u_hist, u_rows[:, m:m + 1], order)
+        q_hist = torch.cat([q_hist.index_select(0, order), q_rows[:, m:m + 1]], 1)
+        grown = grow_block_gram(grown, u_hist, q_rows[:, m:m + 1], order, block=block)
+    assert torch.allclose(grown, block_gram(u_hist, q_hist, block=block), atol=1e-5)
+    room = size + 7
+
+    def in_buffer(x):
+        return torch.full((x.size(0), room, x.size(2)), float("nan")).narrow(1, 0, size).copy_(x)
+
+    a = torch.randn(width, width, generator=g)
+    u_cross = q_rows @ (a @ a.t())
+    for q, u, b, product in [(q_rows, u_rows, blocks, gram @ c), (q_rows, u_cross, None, u_cross @ q_rows.transpose(1, 2) @ c)]:
+        assert torch.allclose(decode_agreement(c, q, u, b, block=block), product, atol=1e-4)
+        spare = decode_agreement(c, in_buffer(q), in_buffer(u), None if b is None else in_buffer(b), block=block)
+        assert torch.equal(spare, decode_agreement(c, q, u, b, block=block))

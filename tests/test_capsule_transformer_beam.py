@@ -8,6 +8,7 @@ from tests.helpers import beam
 from tests.helpers.host_sync import count_host_syncs
 from tests.helpers.models import build, prev_output, random_sentences
 from tests.test_capsule_transformer import ALL_MODULES, TINY
+from user_dir.modules import capsule_routing
 from user_dir.modules.capsule_routing import CapsuleMultiheadAttention
 
 
@@ -25,13 +26,19 @@ def _rows(d, n=3, length=8):
 @pytest.mark.parametrize("left_pad_source", [True, False], ids=["left-pad", "right-pad"])
 @pytest.mark.parametrize("extra", [[], ["--capsule-routing", "horizontal", "--capsule-squash", "rms"]],
                          ids=["both", "horizontal-rms"])
-@pytest.mark.parametrize("length", [6, 22], ids=["short", "past-twice-head-width"])
-def test_beam_reorder_distinct_rows(left_pad_source, extra, length):
-    """Prefixes of 6 and 22 tokens: the decoder's kept logit rows (target length <= 2 x head width 8)
-    and the suffix sums beyond are both reordered."""
+@pytest.mark.parametrize("length", [6, 22, 70], ids=["short", "past-twice-head-width", "gram-free"])
+def test_beam_reorder_distinct_rows(left_pad_source, extra, length, monkeypatch):
+    """Prefixes of 6, 22 and 70 tokens: the decoder's kept logit rows (target length <= 2 x head width 8),
+    the kept Gram and suffix sums beyond, and past twice the width 32 (GRAM_FREE_DECODING set to 2) the
+    in-block Gram entries that replace the Gram are all reordered."""
+    monkeypatch.setattr(capsule_routing, "GRAM_FREE_DECODING", 2)
     model, d = _model(*extra)
     srcs, prevs = _rows(d, length=length)
-    beam.assert_beam_reorder(model, srcs, prevs, d.pad(), left_pad_source=left_pad_source)
+    schedule = None
+    if length > 64:  # reorders on both sides of the switch to gram-free decoding, the shrink after it
+        permute, shrink = beam.default_schedule(len(srcs), 2, length).values()
+        schedule = {20: permute, 66: permute, length - 2: shrink}
+    beam.assert_beam_reorder(model, srcs, prevs, d.pad(), left_pad_source=left_pad_source, schedule=schedule)
 
 
 @pytest.mark.parametrize("mode", ["noop", "shrink_only"])
@@ -68,10 +75,13 @@ def test_sequence_generator_scores_equal_teacher_forced_forward():
 # ------------------------------------------------------------------ host syncs
 
 
-def test_no_host_sync_in_training_or_decoding():
+@pytest.mark.parametrize("steps", [4, 20], ids=["short", "gram-free"])
+def test_no_host_sync_in_training_or_decoding(steps, monkeypatch):
+    """Decoding 20 steps with GRAM_FREE_DECODING 0.5 (width 32) takes the Gram-free routing from step 17."""
+    monkeypatch.setattr(capsule_routing, "GRAM_FREE_DECODING", 0.5)
     model, d = _model()
     srcs = random_sentences(d, [6, 3, 9], seed=9)
-    tgts = random_sentences(d, [4, 7, 2], seed=10)
+    tgts = random_sentences(d, [steps, 7, 2], seed=10)
     tokens = data_utils.collate_tokens(srcs, d.pad(), left_pad=True)
     lengths = torch.tensor([len(s) for s in srcs])
     prev = data_utils.collate_tokens(tgts, d.pad(), d.eos(), move_eos_to_beginning=True)
@@ -83,7 +93,7 @@ def test_no_host_sync_in_training_or_decoding():
     state = {}
     with torch.no_grad(), count_host_syncs() as syncs:
         enc = model.encoder(tokens, src_lengths=lengths)
-        for t in range(4):
+        for t in range(steps):
             if t:
                 order = torch.tensor([2, 0, 0])
                 model.decoder.reorder_incremental_state_scripting(state, order)

@@ -103,7 +103,8 @@ def generate_rate(model, dictionary, b, beam):
 
 def run_decoder(model, dictionary, rows, beam, steps, each_step, seed=7):
     """Incremental decoding of ``steps`` tokens on ``rows`` beam rows (encoder once; rows reordered within
-    their beam at every step, as beam search does): ``each_step(t, step)`` runs step ``t`` by calling ``step()``."""
+    their beam at every step, as beam search does): ``each_step(t, step)`` runs step ``t`` by calling ``step()``.
+    Returns the incremental state after the last step."""
     model.eval()
     b = batch(dictionary, rows // beam, 30, seed)
     tokens = torch.randint(dictionary.nspecial, len(dictionary), (rows, steps), generator=torch.Generator().manual_seed(seed))
@@ -120,10 +121,11 @@ def run_decoder(model, dictionary, rows, beam, steps, each_step, seed=7):
                 out = model.decoder(tokens[:, :t + 1], encoder_out=enc, incremental_state=state)
                 model.get_normalized_probs(out, log_probs=True)
             each_step(t, step)
+    return state
 
 
 def decode_step_times(model, dictionary, rows, beam, steps, seed=7):
-    """CPU time of each incremental decoder step (:func:`run_decoder`)."""
+    """CPU time of each incremental decoder step (:func:`run_decoder`), and the state after the last."""
     times = []
 
     def timed(t, step):
@@ -131,8 +133,7 @@ def decode_step_times(model, dictionary, rows, beam, steps, seed=7):
         step()
         times.append(time.process_time() - t0)
 
-    run_decoder(model, dictionary, rows, beam, steps, timed, seed)
-    return times
+    return times, run_decoder(model, dictionary, rows, beam, steps, timed, seed)
 
 
 def interleaved(models, measure, repeats):
@@ -219,7 +220,7 @@ def main():
               f" ms ({step['sentences']} sent.), ratio capsule/vanilla {step['ratio']:.3f} (target <= 1.3); "
               f"beam-{a.beam} generation {rate['transformer']:6.2f} / {rate['capsule_transformer']:6.2f} sent/s "
               f"({rate['sentences']} sent.), speed ratio {rate['ratio']:.3f} (target >= 0.75)")
-    windows = interleaved(models, lambda k, m: decode_step_times(m, d, a.decode_rows, a.beam, max(steps) + 6),
+    windows = interleaved(models, lambda k, m: decode_step_times(m, d, a.decode_rows, a.beam, max(steps) + 6)[0],
                           a.repeats)
     for s in steps:
         per_step = {k: [statistics.median(run[s - 5:s + 5]) for run in runs] for k, runs in windows.items()}

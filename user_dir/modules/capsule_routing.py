@@ -73,7 +73,11 @@ Reconstruction decisions (the paper's equations are not available)
    the head width (``H·M² ≤ 2·M·D``: the cheaper state there) and ``u_m`` beyond, with the
    logits ``E_h[m, k]`` of each row inside its block of 16 rows: a step's suffix sum is then
    ``k_k · Σ_{m in later blocks} w_m q_m`` (block totals, ``O(M·D)``) plus the kept in-block
-   logits weighted (``O(M·H·16)``), not ``O(M·D·16)`` (:func:`decode_suffix_omega`).
+   logits weighted (``O(M·H·16)``), not ``O(M·D·16)`` (:func:`decode_suffix_omega`).  Past
+   ``GRAM_FREE_DECODING·D`` target tokens, where the ``M²`` Gram costs more than the factors, decoding
+   drops it: a routing iteration's ``G c`` comes from block totals of ``c_m u_m`` and ``c_m q_m``, their
+   prefix and suffix sums and the Gram's in-block entries (:func:`decode_agreement`), ``O(M·D)`` per
+   token, with state ``O(M·D)`` per row.
 9. *Half precision.*  Gram matrices sum squared logits over whole capsules (a
    vertical capsule is a head's ``Lq×Lk`` slice) and pass float16's 65504 at
    sentence length; ``squash`` needs a tiny epsilon.  Routing therefore runs in
@@ -134,7 +138,9 @@ def dynamic_routing(gram: Tensor, init_logits: Tensor, iters: int, size: Optiona
     ``<C_m, s_n> = (G c)_{mn}`` and ``||s_n||² = Σ_m c_{mn} (G c)_{mn}``.
 
     Args:
-        gram: ``(G, M, M)`` symmetric Gram matrices of ``G`` groups of ``M`` input capsules.
+        gram: ``(G, M, M)`` symmetric Gram matrices of ``G`` groups of ``M`` input capsules, or a
+            function ``c -> G c`` on ``(G, M, 1)`` couplings (one output: a decoding step without the Gram,
+            :func:`decode_agreement`); ``init_logits`` is then ``(G, M, 1)``.
         init_logits: ``(G, M, N)`` or ``(M, N)`` (shared by the groups) learned
             initial routing logits ``B⁰``.
         iters: number of routing iterations ``r`` (≥ 1).
@@ -159,7 +165,9 @@ def dynamic_routing(gram: Tensor, init_logits: Tensor, iters: int, size: Optiona
             couplings = couplings * visible
         if couplings.dim() == 2:  # the shared initial logits, first iteration
             couplings = couplings.expand(gram.size(0), -1, -1)
-        if couplings.size(-1) == 1:  # one output (a decoding step): (cᵀ G)ᵀ, G being symmetric, is the
+        if callable(gram):
+            agree = gram(couplings)
+        elif couplings.size(-1) == 1:  # one output (a decoding step): (cᵀ G)ᵀ, G being symmetric, is the
             agree = torch.bmm(couplings.transpose(1, 2), gram).transpose(1, 2)  # fast form of G c on CPU
         elif visible is not None:  # causal: c_mn = 0 for m > n (matmul_upper checks M = N)
             agree = matmul_upper(gram, couplings)
@@ -363,6 +371,76 @@ def decode_suffix_omega(w: Tensor, q_rows: Tensor, key: Tensor, diag: Tensor, bl
     return torch.cat([head, tail], dim=-1)
 
 
+def block_gram(u_rows: Tensor, q_rows: Tensor, block: int = 16) -> Tensor:
+    """The Gram's in-block entries ``(B, M, block)``: ``[m, i] = G[m, s_m + i]`` (``s_m`` the first row of
+    ``m``'s block of ``block`` rows; 0 past the last row), from the factors of decoder self-attention
+    (``G_mn = u_min(m,n) · q_max(m,n)``, :func:`factored_gram`): ``O(M·block·D)``."""
+    bsz, total, width = u_rows.shape
+    pad = -total % block
+    u_blocks = F.pad(u_rows, (0, 0, 0, pad)).view(bsz, -1, block, width)
+    q_blocks = F.pad(q_rows, (0, 0, 0, pad)).view(bsz, -1, block, width)
+    x = torch.matmul(u_blocks, q_blocks.transpose(2, 3))  # x[a, b] = u_a · q_b, right for a <= b
+    return (x.triu() + x.triu(1).transpose(2, 3)).reshape(bsz, -1, block)[:, :total]
+
+
+def grow_block_gram(kept: Tensor, u_rows: Tensor, q_new: Tensor, order: Optional[Tensor] = None,
+                    block: int = 16) -> Tensor:
+    """:func:`block_gram` of one more row (a decoding step of decoder self-attention): the kept
+    ``(B, P, block)`` entries, taken in beam ``order`` (:func:`append_rows`), grown by row ``t = P``:
+    ``G[m, t] = u_m · q_t`` for ``m`` from its block's first row to ``t``, which is both the new row's
+    entries and, by symmetry, a new column of the earlier rows of its block.  ``u_rows`` ``(B, P + 1, D)``
+    (the new row's ``u`` included), ``q_new`` ``(B, 1, D)``.  ``O(block·D)`` per token."""
+    total = u_rows.size(1)
+    start = (total - 1) // block * block
+    cols = torch.bmm(u_rows[:, start:], q_new.transpose(1, 2))  # (B, t - start + 1, 1)
+    grown = append_rows(kept, F.pad(cols.transpose(1, 2), (0, block - cols.size(1))), order)
+    if total - 1 > start:
+        grown[:, start:total - 1, total - 1 - start] = cols[:, :-1, 0]
+    return grown
+
+
+def decode_agreement(c: Tensor, q_rows: Tensor, u_rows: Tensor, blocks: Optional[Tensor],
+                     block: int = 16) -> Tensor:
+    """``G c`` of one decoding step without the ``M × M`` Gram: ``O(M·D)`` per routing iteration.
+
+    ``c`` ``(B, M, 1)`` the new output's couplings, ``q_rows`` and ``u_rows`` ``(B, M, D)`` the factors
+    of the kept rows.  Decoder self-attention (``blocks``, :func:`block_gram`): ``G_mn = u_min · q_max``,
+    so for row ``m`` in block ``j``, ``(G c)_m = q_m · Σ_{blocks < j} c_n u_n + u_m · Σ_{blocks > j}
+    c_n q_n + Σ_{n in block j} G_mn c_n``: block totals of the weighted factors, their prefix and
+    suffix sums, and the kept in-block entries.  Encoder-decoder attention (``blocks`` ``None``, all
+    rows see the same keys): ``G_mn = u_m · q_n``, so ``G c = U (Qᵀ c)``.  The block products run on
+    the state's buffers (:func:`_whole_blocks`; rows past ``M`` are whatever a buffer holds, so only
+    the results of blocks before the last one are used); the last block is handled on its own.
+    """
+    if blocks is None:
+        return torch.bmm(u_rows, torch.bmm(c.transpose(1, 2), q_rows).transpose(1, 2))
+    bsz, total, _ = c.shape
+    start = (total - 1) // block * block  # first row of the last block
+    full = start // block
+    c_tail, q_tail = c[:, start:], q_rows[:, start:]  # the last block: (B, L, 1), (B, L, D)
+    tail = torch.bmm(blocks[:, start:, :total - start], c_tail)  # its in-block part
+    if not full:
+        return tail
+
+    def in_blocks(x):  # (B, n, block, W) of x's buffer, and c in blocks to match (0 from the last block on)
+        x = _whole_blocks(x, block)
+        return x, F.pad(c[:, :start, 0], (0, x.size(1) * block - start)).view(bsz, -1, 1, block)
+
+    (q_blocks, c_q), (u_blocks, c_u), (g_blocks, c_g) = in_blocks(q_rows), in_blocks(u_rows), in_blocks(blocks)
+    sum_u = torch.matmul(c_u, u_blocks)[:, :full, 0]  # (B, full, D): no row follows the last block
+    sum_q = torch.cat([torch.matmul(c_q, q_blocks)[:, :full, 0], torch.bmm(c_tail.transpose(1, 2), q_tail)], 1)
+    before = torch.cat([sum_u.new_zeros(bsz, 1, sum_u.size(-1)), sum_u.cumsum(1)], 1)  # over earlier blocks
+    after = sum_q.flip(1).cumsum(1).flip(1)[:, 1:]  # (B, full, D): Σ c_n q_n over the blocks after each
+
+    def per_row(x_blocks, sums):  # x_m · sums_{j(m)} for the rows of the whole blocks: (B, full, block, 1)
+        return torch.matmul(x_blocks, F.pad(sums, (0, 0, 0, x_blocks.size(1) - full)).unsqueeze(-1))[:, :full]
+
+    head = (per_row(q_blocks, before[:, :full]) + per_row(u_blocks, after)
+            + torch.matmul(g_blocks, c_g.transpose(2, 3))[:, :full])
+    tail = tail + torch.bmm(q_tail, before[:, full].unsqueeze(-1))
+    return torch.cat([head.reshape(bsz, start, 1), tail], 1)
+
+
 def key_gram_u(query: Tensor, key: Tensor) -> Tensor:
     """``u_m = Σ_k E_mk k_k`` per head when every row sees the same keys: ``q_m (K_hᵀ K_h)``, ``(B, H, M, d)``.
 
@@ -414,6 +492,12 @@ def _decoding_offset_index(total: int, max_distance: int, device: torch.device) 
 
 
 STATE_CAPACITY_STEP = 64
+
+# Decoding drops the kept M×M Gram once the target is longer than this many times the model width
+# D = H·d (decision 8, decode_agreement): a step then reads the q and u rows a few times per routing
+# iteration (O(M·D) per token) instead of copying and reading the Gram (O(M²)).  Measured on CPU
+# (benchmarks/capsule_transformer/long_decoding.py), the two cost the same at about 3.5·D.
+GRAM_FREE_DECODING = 4
 
 
 def _capacity(size: int) -> int:
@@ -597,7 +681,7 @@ class CapsuleRouting(nn.Module):
         if query is None and state:
             raise ValueError("incremental horizontal routing needs the queries and keys of the logits")
         keep = self.causal and query is not None and new_state is not None
-        past = state["horizontal_gram"].size(1) if "horizontal_gram" in state else 0
+        past = state["horizontal_counts"].size(1) if "horizontal_counts" in state else 0
         total = past + q_len
         # decoder self-attention keeps its logit rows while H·M² <= 2·M·D (M <= 2d): there they are the
         # cheaper state (Ω = Wᵀ rows, O(H·d²) per token); beyond, u_m and the suffix sums
@@ -635,7 +719,13 @@ class CapsuleRouting(nn.Module):
                     diag = append_rows(state["horizontal_diag"], block_diagonal(logits, past), order)
                 else:
                     diag = block_diagonal(cube, 0)
-        if past:  # decoding: the kept Gram grows by the new rows' columns
+        blocks = None  # the Gram's in-block entries, kept instead of the Gram (decoder self-attention)
+        if past and q_len == 1 and rows is None and total > GRAM_FREE_DECODING * q_new.size(-1):
+            gram = None  # a long target: routing from the factors, O(M·D) per token (decode_agreement)
+            if keys_are_rows:
+                blocks = (grow_block_gram(state["horizontal_blocks"], u_rows, q_new, order)
+                          if "horizontal_blocks" in state else block_gram(u_rows, q_rows))
+        elif "horizontal_gram" in state:  # decoding: the kept Gram grows by the new rows' columns
             if rows is not None:
                 cols = torch.bmm(rows[:, past:], rows.transpose(1, 2)).transpose(1, 2)
             else:
@@ -643,10 +733,14 @@ class CapsuleRouting(nn.Module):
             gram = grow_gram(state["horizontal_gram"], cols, order)
         elif rows is not None:
             gram = torch.bmm(rows, rows.transpose(1, 2))
-        else:
+        else:  # a full pass (or rows added to a state that had dropped the Gram)
             gram = factored_gram(u_rows, q_rows)
         if keep:
-            new_state.update(horizontal_gram=gram, horizontal_q=q_rows, horizontal_counts=row_counts)
+            new_state.update(horizontal_q=q_rows, horizontal_counts=row_counts)
+            if gram is not None:
+                new_state["horizontal_gram"] = gram
+            if blocks is not None:
+                new_state["horizontal_blocks"] = blocks
             if keep_rows:
                 new_state["horizontal_rows"] = rows.view(bsz, total, heads, k_len)
             else:
@@ -667,6 +761,8 @@ class CapsuleRouting(nn.Module):
         empty = (row_counts == 0).to(logits.dtype) * _scalar(-1e4, logits)  # (B, M)
         init = init + empty.unsqueeze(-1)  # (B, M, Q)
         size = self._size(new_counts, per=heads)  # (B, Q): entries of output capsule n
+        if gram is None:
+            gram = functools.partial(decode_agreement, q_rows=q_rows, u_rows=u_rows, blocks=blocks)
         weights, couplings = dynamic_routing(gram, init, self.iters, size, out_dim=-2, visible=visible)
         wt = weights.transpose(1, 2)  # (B, Q, M): Ω_n = Σ_m w_mn C_m
         if rows is not None:
