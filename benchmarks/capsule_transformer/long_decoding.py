@@ -40,12 +40,7 @@ def main():
     p.add_argument("--out", help="write every figure to this JSON file")
     a = p.parse_args()
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
-    try:
-        at = [int(s) for s in a.at.split(",")]
-    except ValueError:
-        at = []
-    if not at or min(at) < 5:
-        p.error(f"--at {a.at}: comma-separated target positions of at least 5")
+    at = speed.decoding_steps(p, "--at", a.at)
     vocab, d, models = speed.build_models(p, a)
     switch = capsule_routing.GRAM_FREE_DECODING
     capsule = models.pop("capsule_transformer")

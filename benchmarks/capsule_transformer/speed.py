@@ -180,6 +180,18 @@ def build_models(p, a):
     return vocab, d, {"transformer": vanilla, "capsule_transformer": capsule}
 
 
+def decoding_steps(p, flag, value):
+    """The comma-separated decoding steps of ``flag``; a clear error unless each is a number of at least 5."""
+    try:
+        steps = [int(s) for s in value.split(",")]
+    except ValueError:
+        steps = []
+    if not steps or min(steps) < 5:
+        p.error(f"{flag} {value}: comma-separated steps of at least 5 (each figure is the median of the 10 steps "
+                "around it)")
+    return steps
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_model_args(p)
@@ -193,13 +205,7 @@ def main():
     p.add_argument("--out", help="write every figure to this JSON file")
     a = p.parse_args()
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
-    try:
-        steps = [int(s) for s in a.decode_steps.split(",")]
-    except ValueError:
-        steps = []
-    if not steps or min(steps) < 5:
-        p.error(f"--decode-steps {a.decode_steps}: comma-separated steps of at least 5 (each figure is the median "
-                "of the 10 steps around it)")
+    steps = decoding_steps(p, "--decode-steps", a.decode_steps)
     vocab, d, models = build_models(p, a)
     opts = {k: torch.optim.Adam(m.parameters(), lr=1e-4) for k, m in models.items()}
     result = {"preset": a.preset, "vocab": vocab, "routing_iters": a.routing_iters, "capsule_args": a.capsule_args,
