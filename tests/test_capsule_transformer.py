@@ -536,6 +536,7 @@ def test_decode_agreement_equals_the_gram_product(size):
     a = torch.randn(width, width, generator=g)
     u_cross = q_rows @ (a @ a.t())
     for q, u, b, product in [(q_rows, u_rows, blocks, gram @ c), (q_rows, u_cross, None, u_cross @ q_rows.transpose(1, 2) @ c)]:
-        assert torch.allclose(decode_agreement(c, q, u, b, block=block), product, atol=1e-4)
+        agreement = decode_agreement(c, q, u, b, block=block)
+        assert torch.allclose(agreement, product, atol=1e-4)
         spare = decode_agreement(c, in_buffer(q), in_buffer(u), None if b is None else in_buffer(b), block=block)
-        assert torch.equal(spare, decode_agreement(c, q, u, b, block=block))
+        assert torch.equal(spare, agreement)

@@ -371,6 +371,11 @@ def decode_suffix_omega(w: Tensor, q_rows: Tensor, key: Tensor, diag: Tensor, bl
     return torch.cat([head, tail], dim=-1)
 
 
+def symmetric_from_upper(x: Tensor) -> Tensor:
+    """The symmetric matrices (last two dimensions) whose upper triangles, diagonal included, are ``x``'s."""
+    return x.triu() + x.triu(1).transpose(-1, -2)
+
+
 def block_gram(u_rows: Tensor, q_rows: Tensor, block: int = 16) -> Tensor:
     """The Gram's in-block entries ``(B, M, block)``: ``[m, i] = G[m, s_m + i]`` (``s_m`` the first row of
     ``m``'s block of ``block`` rows; 0 past the last row), from the factors of decoder self-attention
@@ -380,7 +385,7 @@ def block_gram(u_rows: Tensor, q_rows: Tensor, block: int = 16) -> Tensor:
     u_blocks = F.pad(u_rows, (0, 0, 0, pad)).view(bsz, -1, block, width)
     q_blocks = F.pad(q_rows, (0, 0, 0, pad)).view(bsz, -1, block, width)
     x = torch.matmul(u_blocks, q_blocks.transpose(2, 3))  # x[a, b] = u_a · q_b, right for a <= b
-    return (x.triu() + x.triu(1).transpose(2, 3)).reshape(bsz, -1, block)[:, :total]
+    return symmetric_from_upper(x).reshape(bsz, -1, block)[:, :total]
 
 
 def grow_block_gram(kept: Tensor, u_rows: Tensor, q_new: Tensor, order: Optional[Tensor] = None,
@@ -422,11 +427,13 @@ def decode_agreement(c: Tensor, q_rows: Tensor, u_rows: Tensor, blocks: Optional
     if not full:
         return tail
 
-    def in_blocks(x):  # (B, n, block, W) of x's buffer, and c in blocks to match (0 from the last block on)
-        x = _whole_blocks(x, block)
-        return x, F.pad(c[:, :start, 0], (0, x.size(1) * block - start)).view(bsz, -1, 1, block)
+    q_blocks, u_blocks, g_blocks = (_whole_blocks(x, block) for x in (q_rows, u_rows, blocks))  # (B, n, block, W)
+    c_padded = F.pad(c[:, :start, 0], (0, max(x.size(1) for x in (q_blocks, u_blocks, g_blocks)) * block - start))
 
-    (q_blocks, c_q), (u_blocks, c_u), (g_blocks, c_g) = in_blocks(q_rows), in_blocks(u_rows), in_blocks(blocks)
+    def c_for(x_blocks):  # c in blocks to match a buffer's (0 from the last block on)
+        return c_padded[:, :x_blocks.size(1) * block].view(bsz, -1, 1, block)
+
+    c_q, c_u, c_g = c_for(q_blocks), c_for(u_blocks), c_for(g_blocks)
     sum_u = torch.matmul(c_u, u_blocks)[:, :full, 0]  # (B, full, D): no row follows the last block
     sum_q = torch.cat([torch.matmul(c_q, q_blocks)[:, :full, 0], torch.bmm(c_tail.transpose(1, 2), q_tail)], 1)
     before = torch.cat([sum_u.new_zeros(bsz, 1, sum_u.size(-1)), sum_u.cumsum(1)], 1)  # over earlier blocks
@@ -457,7 +464,7 @@ def factored_gram(u: Tensor, q: Tensor) -> Tensor:
     One ``(M × D)·(D × M)`` product: ``O(M²·D)``, never the ``(M × H·K)`` capsules.
     """
     x = matmul_triu(u, q.transpose(1, 2))  # x_mn = u_m · q_n, right (and computed) for m <= n
-    return x.triu() + x.triu(1).transpose(1, 2)
+    return symmetric_from_upper(x)
 
 
 def _take(kept: Tensor, order: Optional[Tensor]) -> Tensor:
@@ -551,7 +558,7 @@ def grow_gram(gram: Tensor, cols: Tensor, order: Optional[Tensor] = None) -> Ten
     _take_into(grown[:, :past, :past], gram, order)
     grown[:, :past, past:] = cols[:, :past]
     grown[:, past:, :past] = cols[:, :past].transpose(1, 2)
-    grown[:, past:, past:] = block if block.size(1) == 1 else block.triu() + block.triu(1).transpose(1, 2)
+    grown[:, past:, past:] = block if block.size(1) == 1 else symmetric_from_upper(block)
     return grown
 
 
