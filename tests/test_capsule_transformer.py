@@ -224,6 +224,19 @@ def test_loading_a_checkpoint_with_other_routing_settings_fails_clearly():
     iters1.load_state_dict(both.state_dict())
 
 
+def test_squash_gain_is_the_papers_with_a_finite_gradient_at_zero():
+    """``squash(s) = f·s`` with ``||squash(s)|| = q / (1 + q)`` for ``q = ||s||²`` (paper Eq. 6); an empty
+    capsule (``q = 0``) or a Gram form rounded below 0 gives a finite gain and gradient."""
+    from user_dir.modules.capsule_routing import squash_gain
+
+    q = torch.tensor([1e-4, 0.25, 1.0, 9.0, 400.0], dtype=torch.float64)
+    torch.testing.assert_close(squash_gain(q) * q.sqrt(), q / (1 + q), rtol=1e-12, atol=0)
+    edge = torch.tensor([-3e-9, 0.0], requires_grad=True)
+    gain = squash_gain(edge)
+    gain.sum().backward()
+    assert torch.isfinite(gain).all() and torch.isfinite(edge.grad).all() and (gain.abs() < 1e-4).all()
+
+
 def test_cancelling_capsules_give_no_nan():
     """One visible key, heads with opposite signs: ``||s||²`` rounds below 0 (seen on Multi30k)."""
     logits = torch.zeros(1, 1, 4, 3)
@@ -232,9 +245,6 @@ def test_cancelling_capsules_give_no_nan():
     with torch.no_grad():
         routing.vertical_logits.copy_(torch.tensor([[1.39, -3.2, 0.1, 0.2], [0.3, 1.39, 0.1, 2.0],
                                                     [0.1, -1.0, 1.39, 0.3], [0.2, -2.0, 0.4, 1.39]]))
-    from user_dir.modules import capsule_routing
-
-    assert torch.isfinite(capsule_routing.squash_gain(torch.tensor([-3e-9, 0.0, 1.0]))).all()
     omega = routing(logits, torch.tensor([[1]]))[0]
     assert torch.isfinite(omega).all()
 

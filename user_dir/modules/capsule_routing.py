@@ -105,16 +105,16 @@ _EPS = 1e-9
 
 
 def squash_gain(sq_norm: Tensor) -> Tensor:
-    """Factor ``f`` with ``squash(s) = f·s`` (paper Eq. 6): ``f = q / ((1+q)·√q)``.
+    """Factor ``f`` with ``squash(s) = f·s`` (paper Eq. 6): ``f = √q / (1+q)`` for ``q = ||s||²``.
 
-    ``sq_norm`` is ``q = ||s||²`` (already divided by the capsule size in rms
-    mode).  Written so that ``q = 0`` gives ``f = 0`` with a finite gradient;
-    ``q`` is clamped at 0 because the Gram quadratic form ``cᵀGc`` of a
-    (nearly) cancelling sum can round to a tiny negative number.
+    ``sq_norm`` is ``q`` (already divided by the capsule size in rms mode).  ``q`` is floored at a
+    tiny ``ε``: the Gram quadratic form ``cᵀGc`` of a (nearly) cancelling sum can round below 0, and an
+    empty capsule (``q = 0``) would give ``√q`` an infinite gradient; below ``ε`` the output
+    ``f·s`` is below ``ε`` whatever ``f`` is.  Four operations: a decoding step runs this ``2·r``
+    times per routed module.
     """
-    sq_norm = sq_norm.clamp_min(0.0)
-    one, eps = _scalar(1.0, sq_norm), _scalar(_EPS, sq_norm)
-    return sq_norm / ((sq_norm + one) * torch.sqrt(sq_norm + eps))
+    q = sq_norm.clamp_min(_EPS)
+    return q.sqrt() / (q + _scalar(1.0, q))
 
 
 @functools.lru_cache(maxsize=None)
@@ -173,7 +173,10 @@ def dynamic_routing(gram: Tensor, init_logits: Tensor, iters: int, size: Optiona
             agree = matmul_upper(gram, couplings)
         else:
             agree = torch.bmm(gram, couplings)  # <C_m, s_n>
-        sq_norm = (couplings * agree).sum(-2, keepdim=True)  # (G, 1, N)
+        if couplings.size(-1) == 1:  # one output (a decoding step): one product, not a product and a sum
+            sq_norm = torch.bmm(couplings.transpose(1, 2), agree)  # (G, 1, 1)
+        else:
+            sq_norm = (couplings * agree).sum(-2, keepdim=True)  # (G, 1, N)
         gain = squash_gain(sq_norm if inv_size is None else sq_norm * inv_size)
         if it + 1 < iters:
             logits = torch.addcmul(logits, agree, gain if inv_size is None else gain * inv_size)
