@@ -173,10 +173,7 @@ def dynamic_routing(gram: Tensor, init_logits: Tensor, iters: int, size: Optiona
             agree = matmul_upper(gram, couplings)
         else:
             agree = torch.bmm(gram, couplings)  # <C_m, s_n>
-        if couplings.size(-1) == 1:  # one output (a decoding step): one product, not a product and a sum
-            sq_norm = torch.bmm(couplings.transpose(1, 2), agree)  # (G, 1, 1)
-        else:
-            sq_norm = (couplings * agree).sum(-2, keepdim=True)  # (G, 1, N)
+        sq_norm = (couplings * agree).sum(-2, keepdim=True)  # (G, 1, N)
         gain = squash_gain(sq_norm if inv_size is None else sq_norm * inv_size)
         if it + 1 < iters:
             logits = torch.addcmul(logits, agree, gain if inv_size is None else gain * inv_size)
