@@ -1,6 +1,9 @@
 """The benchmark scripts' own logic where a figure in BENCHMARKS.md depends on it."""
+import argparse
+import json
 import math
 
+import pytest
 import torch
 from torch.utils.flop_counter import sdpa_backward_flop_count, sdpa_flop_count
 
@@ -40,3 +43,38 @@ def test_long_decoding_counts_the_routing_state_that_replaces_the_gram(monkeypat
     linear = 2 * steps * width + steps * heads * 16 + steps + heads * heads  # q, u, in-block logits, counts, vertical
     assert floats[2] == linear + steps * 16  # + the Gram's in-block entries
     assert floats[math.inf] == linear + steps * steps  # + the Gram
+
+
+SPEED_TINY = ["--preset", "demo", "--vocab", "60", "--lengths", "8", "--tokens", "40", "--gen-tokens", "16",
+              "--repeats", "1", "--decode-steps", "5,12", "--decode-rows", "10"]
+
+
+def test_capsule_speed_script_runs_in_half_precision_and_writes_every_figure(tmp_path, monkeypatch):
+    """speed.py end to end on a tiny model with bfloat16 parameters (the --dtype a GPU run uses): every
+    training, generation and decoding figure is written, with the device and type it was measured at."""
+    speed = load_script("benchmarks/capsule_transformer/speed.py")
+    out = tmp_path / "speed.json"
+    monkeypatch.setattr("sys.argv", ["speed.py", *SPEED_TINY, "--dtype", "bfloat16", "--out", str(out)])
+    speed.main()
+    result = json.loads(out.read_text())
+    assert (result["device"], result["dtype"]) == ("cpu", "bfloat16")
+    parser = argparse.ArgumentParser()
+    speed.add_model_args(parser)
+    _, _, models = speed.build_models(parser, parser.parse_args(["--preset", "demo", "--dtype", "bfloat16"]))
+    assert {p.dtype for m in models.values() for p in m.parameters()} == {torch.bfloat16}
+    for section, keys in (("train", ["8"]), ("generate", ["8"]), ("decode", ["12", "5"])):
+        assert sorted(result[section]) == keys
+        for row in result[section].values():
+            assert row["transformer"] > 0 and row["capsule_transformer"] > 0
+            assert row["ratio"] == pytest.approx(row["capsule_transformer"] / row["transformer"])
+
+
+@pytest.mark.parametrize("device, message", [("tpu", "cpu, cuda or cuda:N"), ("cuda:x", "cpu, cuda or cuda:N")]
+                         + ([] if torch.cuda.is_available() else [("cuda", "torch sees no GPU here")]))
+def test_capsule_speed_script_names_a_bad_device(device, message, capsys, monkeypatch):
+    speed = load_script("benchmarks/capsule_transformer/speed.py")
+    monkeypatch.setattr("sys.argv", ["speed.py", *SPEED_TINY, "--device", device])
+    with pytest.raises(SystemExit) as exit_info:
+        speed.main()
+    assert exit_info.value.code == 2
+    assert f"--device {device}: {message}" in capsys.readouterr().err

@@ -20,7 +20,10 @@ so a small vocabulary gives routing its largest share of a step.
 Both models share seed, sizes, dictionary and batches; measurements are interleaved (vanilla, capsule,
 vanilla, ...) so that load from other jobs hits both alike.  Times are the process's CPU
 time (``time.process_time``; one thread), so time spent descheduled by other jobs on a
-shared machine is not counted.  ``--out`` writes every figure as JSON.
+shared machine is not counted.  ``--device cuda`` runs both models on the GPU and times them by the
+wall clock, the device synchronised at each start and stop (``--dtype float16`` / ``bfloat16``: the
+models' parameters in that type, as after fairseq's ``--fp16`` / ``--bf16`` conversion; routing itself
+still runs in float32).  ``--out`` writes every figure as JSON.
 
     OMP_NUM_THREADS=1 python benchmarks/capsule_transformer/speed.py --preset multi30k \\
         --out benchmarks/capsule_transformer/results/speed_multi30k.json
@@ -28,6 +31,7 @@ shared machine is not counted.  ``--out`` writes every figure as JSON.
 import argparse
 import json
 import os
+import re
 import statistics
 import sys
 import time
@@ -63,16 +67,28 @@ VOCABULARY = {
 }
 
 
+DEVICE = torch.device("cpu")  # set by --device
+
+
+def clock():
+    """Seconds: the process's CPU time on CPU; on a GPU the wall clock once queued work has finished."""
+    if DEVICE.type == "cuda":
+        torch.cuda.synchronize(DEVICE)
+        return time.perf_counter()
+    return time.process_time()
+
+
 def batch(dictionary, n, length, seed):
     src = random_sentences(dictionary, [length] * n, seed=seed)
     tgt = random_sentences(dictionary, [length] * n, seed=seed + 1)
     pad, eos = dictionary.pad(), dictionary.eos()
-    return {
+    b = {
         "src_tokens": data_utils.collate_tokens(src, pad, left_pad=True),
         "src_lengths": torch.tensor([len(s) for s in src]),
         "prev_output_tokens": data_utils.collate_tokens(tgt, pad, eos, move_eos_to_beginning=True),
         "target": data_utils.collate_tokens(tgt, pad),
     }
+    return {k: v.to(DEVICE) for k, v in b.items()}
 
 
 def forward_backward(model, b):
@@ -83,11 +99,11 @@ def forward_backward(model, b):
 
 def train_step_time(model, opt, b):
     model.train()
-    t0 = time.process_time()
+    t0 = clock()
     opt.zero_grad()
     forward_backward(model, b)
     opt.step()
-    return time.process_time() - t0
+    return clock() - t0
 
 
 def generate_rate(model, dictionary, b, beam):
@@ -95,10 +111,10 @@ def generate_rate(model, dictionary, b, beam):
     # a fixed output length (min_len = max_len) so both models decode the same number of steps
     steps = b["src_tokens"].size(1) + 5
     gen = SequenceGenerator([model], dictionary, beam_size=beam, max_len_a=0, max_len_b=steps, min_len=steps)
-    t0 = time.process_time()
+    t0 = clock()
     with torch.no_grad():
         gen.forward({"net_input": {"src_tokens": b["src_tokens"], "src_lengths": b["src_lengths"]}})
-    return b["src_tokens"].size(0) / (time.process_time() - t0)
+    return b["src_tokens"].size(0) / (clock() - t0)
 
 
 def run_decoder(model, dictionary, rows, beam, steps, each_step, seed=7):
@@ -109,11 +125,12 @@ def run_decoder(model, dictionary, rows, beam, steps, each_step, seed=7):
     b = batch(dictionary, rows // beam, 30, seed)
     tokens = torch.randint(dictionary.nspecial, len(dictionary), (rows, steps), generator=torch.Generator().manual_seed(seed))
     tokens[:, 0] = dictionary.eos()
-    order = torch.arange(rows).view(-1, beam).roll(1, dims=1).reshape(-1)  # rows move inside their beam
+    tokens = tokens.to(DEVICE)
+    order = torch.arange(rows).view(-1, beam).roll(1, dims=1).reshape(-1).to(DEVICE)  # rows move inside their beam
     state = {}
     with torch.no_grad():
         enc = model.encoder(b["src_tokens"], src_lengths=b["src_lengths"])
-        enc = model.encoder.reorder_encoder_out(enc, torch.arange(rows // beam).repeat_interleave(beam))
+        enc = model.encoder.reorder_encoder_out(enc, torch.arange(rows // beam, device=DEVICE).repeat_interleave(beam))
         for t in range(steps):
             def step():
                 if t:
@@ -129,9 +146,9 @@ def decode_step_times(model, dictionary, rows, beam, steps, seed=7):
     times = []
 
     def timed(t, step):
-        t0 = time.process_time()
+        t0 = clock()
         step()
-        times.append(time.process_time() - t0)
+        times.append(clock() - t0)
 
     return times, run_decoder(model, dictionary, rows, beam, steps, timed, seed)
 
@@ -165,19 +182,29 @@ def add_model_args(p):
                    f"data: {VOCABULARY}); a small one gives routing its largest share of a step")
     p.add_argument("--routing-iters", type=int, default=3)
     p.add_argument("--capsule-args", default="", help="extra flags for capsule_transformer, space separated")
+    p.add_argument("--device", default="cpu", help="cpu, or cuda[:N]: both models on that GPU, wall-clock times")
+    p.add_argument("--dtype", choices=("float32", "float16", "bfloat16"), default="float32",
+                   help="the models' parameter type (half precision is meant for a GPU)")
 
 
 def build_models(p, a):
     """``(vocab, dictionary, {"transformer": ..., "capsule_transformer": ...})``: same seed, sizes and dictionary."""
+    global DEVICE
     vocab = a.vocab or VOCABULARY[a.preset]
     if vocab <= 4:
         p.error(f"--vocab {vocab}: the dictionary needs more than its 4 special symbols")
+    if not re.fullmatch(r"cpu|cuda(:\d+)?", a.device):
+        p.error(f"--device {a.device}: cpu, cuda or cuda:N")
+    if a.device.startswith("cuda") and not torch.cuda.is_available():
+        p.error(f"--device {a.device}: torch sees no GPU here (torch.cuda.is_available() is False)")
+    DEVICE = torch.device(a.device)
     d = toy_dictionary(vocab - 4)  # + bos, pad, eos, unk
     sizes = PRESETS[a.preset] + ["--dropout", "0.1"]
     vanilla, _ = build("transformer", sizes, dictionary=d, seed=1)
     capsule, _ = build("capsule_transformer", sizes + ["--routing-iters", a.routing_iters] + a.capsule_args.split(),
                        dictionary=d, seed=1)
-    return vocab, d, {"transformer": vanilla, "capsule_transformer": capsule}
+    dtype = getattr(torch, a.dtype)
+    return vocab, d, {"transformer": vanilla.to(DEVICE, dtype), "capsule_transformer": capsule.to(DEVICE, dtype)}
 
 
 def decoding_steps(p, flag, value):
@@ -209,10 +236,11 @@ def main():
     vocab, d, models = build_models(p, a)
     opts = {k: torch.optim.Adam(m.parameters(), lr=1e-4) for k, m in models.items()}
     result = {"preset": a.preset, "vocab": vocab, "routing_iters": a.routing_iters, "capsule_args": a.capsule_args,
-              "threads": torch.get_num_threads(), "repeats": a.repeats, "beam": a.beam, "train": {},
-              "generate": {}, "decode": {}}
+              "device": str(DEVICE), "dtype": a.dtype, "threads": torch.get_num_threads(), "repeats": a.repeats,
+              "beam": a.beam, "train": {}, "generate": {}, "decode": {}}
+    timing = "wall time, GPU synchronised" if DEVICE.type == "cuda" else "CPU time"
     print(f"preset={a.preset} vocab={vocab} routing_iters={a.routing_iters} capsule_args='{a.capsule_args}' "
-          f"threads={torch.get_num_threads()} repeats={a.repeats} (medians; CPU time)")
+          f"device={DEVICE} dtype={a.dtype} threads={torch.get_num_threads()} repeats={a.repeats} (medians; {timing})")
     for length in map(int, a.lengths.split(",")):
         train_b = batch(d, max(1, a.tokens // length), length, seed=3)
         gen_b = batch(d, max(1, a.gen_tokens // length), length, seed=5)
