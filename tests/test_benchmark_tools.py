@@ -55,7 +55,11 @@ def test_capsule_speed_script_runs_in_half_precision_and_writes_every_figure(tmp
     speed = load_script("benchmarks/capsule_transformer/speed.py")
     out = tmp_path / "speed.json"
     monkeypatch.setattr("sys.argv", ["speed.py", *SPEED_TINY, "--dtype", "bfloat16", "--out", str(out)])
-    speed.main()
+    threads = torch.get_num_threads()
+    try:
+        speed.main()
+    finally:
+        torch.set_num_threads(threads)  # main() sets the thread count for its benchmark
     result = json.loads(out.read_text())
     assert (result["device"], result["dtype"]) == ("cpu", "bfloat16")
     parser = argparse.ArgumentParser()

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Capsule speed targets on one GPU: speed.py at the multi30k preset in float32 and float16 parameters
-# (about 5 minutes on one modern GPU).  Usage: benchmarks/gpu/capsule_speed.sh [extra speed.py flags]
+# (5 repeats each; its run time on a GPU has not been measured).  Usage: benchmarks/gpu/capsule_speed.sh [extra speed.py flags]
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 PY=${PYTHON:-.venv/bin/python}
