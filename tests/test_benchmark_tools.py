@@ -24,6 +24,21 @@ def test_flop_count_includes_the_fused_cpu_attention_of_fairseqs_transformer():
     assert flops.counted(attention) == expected > 0
 
 
+def test_product_timer_times_only_matrix_products_fairseqs_fused_attention_included():
+    """flops.py --time-products: the time inside products (mm, bmm, addmm, baddbmm and the fused CPU attention
+    of fairseq's self-attention, forward and backward), not the element-wise work around them."""
+    flops = load_script("benchmarks/capsule_transformer/flops.py")
+    a = torch.randn(64, 64)
+    q = torch.randn(1, 2, 20, 8, requires_grad=True)
+    with flops.ProductTimer() as timer:
+        x = torch.mm(a, a)
+        for _ in range(50):  # element-wise work: not counted
+            x = (x * 0.5).tanh()
+        torch.nn.functional.scaled_dot_product_attention(q, q, q).sum().backward()
+    assert timer.calls == 3  # the mm, the attention and its backward
+    assert timer.seconds > 0
+
+
 def test_long_decoding_counts_the_routing_state_that_replaces_the_gram(monkeypatch):
     """long_decoding.py's state figure: past GRAM_FREE_DECODING·D target tokens a routed decoder module
     keeps O(M·D) floats per beam row (q and u rows, in-block logits and Gram entries, row counts, the

@@ -10,14 +10,23 @@ no implementation of the same algorithm avoids.  The rest of a measured ratio is
 batched products, element-wise passes over the logit cube, fairseq's fused attention kernel, memory
 traffic of the decoding state).
 
-    python benchmarks/capsule_transformer/flops.py --preset multi30k \\
+``--time-products N`` also times the training step's products where they run (CPU time inside each
+product call, element-wise work excluded; median of ``N`` steps per model, interleaved): the time ratio
+if element-wise work were free but each product ran at its own measured speed.  It separates the two
+parts of the rest: products that run slower per FLOP than the linear layers' (routing's batched
+``M × M`` products) and everything else.
+
+    python benchmarks/capsule_transformer/flops.py --preset multi30k --time-products 5 \\
         --out benchmarks/capsule_transformer/results/flops_multi30k.json
 """
 import argparse
 import os
+import statistics
 import sys
+import time
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, sdpa_flop_count
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -43,6 +52,47 @@ def counted(fn):
     with FlopCounterMode(display=False, custom_mapping=CPU_ATTENTION) as counter:
         fn()
     return counter.get_total_flops()
+
+
+PRODUCTS = {torch.ops.aten.mm, torch.ops.aten.bmm, torch.ops.aten.addmm, torch.ops.aten.baddbmm, *CPU_ATTENTION}
+
+
+class ProductTimer(TorchDispatchMode):
+    """Sums the CPU time spent inside matrix-product ops (:data:`PRODUCTS`) while active."""
+
+    def __init__(self):
+        super().__init__()
+        self.seconds, self.calls = 0.0, 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.overloadpacket not in PRODUCTS:
+            return func(*args, **(kwargs or {}))
+        start = time.process_time()
+        out = func(*args, **(kwargs or {}))
+        self.seconds += time.process_time() - start
+        self.calls += 1
+        return out
+
+
+def product_seconds(fn):
+    with ProductTimer() as timer:
+        fn()
+    return timer.seconds
+
+
+def train_step_product_seconds(models, b, repeats):
+    """CPU time inside products of ``repeats`` interleaved training steps per model: medians, the ratio of the
+    medians, and the per-run ratios (their spread)."""
+    runs = {k: [] for k in models}
+    for _ in range(repeats):
+        for k, m in models.items():
+            m.train()
+            runs[k].append(product_seconds(lambda: speed.forward_backward(m, b)))
+            m.zero_grad(set_to_none=True)
+    out = {k: statistics.median(v) for k, v in runs.items()}
+    out["ratio"] = out["capsule_transformer"] / out["transformer"]
+    out["run_ratios"] = sorted(c / v for c, v in zip(runs["capsule_transformer"], runs["transformer"]))
+    return out
 
 
 def train_step_flops(model, b):
@@ -74,6 +124,8 @@ def main():
     p.add_argument("--decode-steps", default="30,300")
     p.add_argument("--decode-rows", type=int, default=20)
     p.add_argument("--beam", type=int, default=5)
+    p.add_argument("--time-products", type=int, default=0, metavar="N",
+                   help="also time the training step's products (median of N steps per model)")
     p.add_argument("--out", help="write the counts to this JSON file")
     a = p.parse_args()
     vocab, d, models = speed.build_models(p, a)
@@ -86,6 +138,15 @@ def main():
         result["train"][length] = row
         print(f"train step, length {length:4d}: {row['capsule_transformer'] / 1e9:8.1f} / {row['transformer'] / 1e9:8.1f}"
               f" = {row['ratio']:.3f}")
+        if a.time_products:
+            seconds = row["product_seconds"] = train_step_product_seconds(models, b, a.time_products)
+            extra_seconds = seconds["capsule_transformer"] - seconds["transformer"]
+            extra = (f"{(row['capsule_transformer'] - row['transformer']) / extra_seconds / 1e9:.1f}"
+                     if extra_seconds > 0 else "n/a")
+            print(f"  time inside products: {seconds['capsule_transformer'] * 1e3:8.1f} / "
+                  f"{seconds['transformer'] * 1e3:8.1f} ms = {seconds['ratio']:.3f} (runs "
+                  f"{seconds['run_ratios'][0]:.3f}-{seconds['run_ratios'][-1]:.3f}); GFLOP/s: vanilla's products "
+                  f"{row['transformer'] / seconds['transformer'] / 1e9:.1f}, the capsule's extra ones {extra}")
     steps = [int(s) for s in a.decode_steps.split(",")]
     per_model = {k: decode_step_flops(m, d, a.decode_rows, a.beam, steps) for k, m in models.items()}
     for s in steps:
