@@ -39,6 +39,16 @@ def test_product_timer_times_only_matrix_products_fairseqs_fused_attention_inclu
     assert timer.seconds > 0
 
 
+def test_product_timing_refuses_a_gpu_device(monkeypatch, capsys):
+    """The product timer reads the CPU clock, which a GPU's asynchronous kernels would escape."""
+    flops = load_script("benchmarks/capsule_transformer/flops.py")
+    monkeypatch.setattr("sys.argv", ["flops.py", "--device", "cuda", "--time-products", "3"])
+    with pytest.raises(SystemExit) as exit_info:
+        flops.main()
+    assert exit_info.value.code == 2
+    assert "--time-products times products by the CPU clock: it needs --device cpu, not cuda" in capsys.readouterr().err
+
+
 def test_long_decoding_counts_the_routing_state_that_replaces_the_gram(monkeypatch):
     """long_decoding.py's state figure: past GRAM_FREE_DECODING·D target tokens a routed decoder module
     keeps O(M·D) floats per beam row (q and u rows, in-block logits and Gram entries, row counts, the

@@ -10,13 +10,13 @@ no implementation of the same algorithm avoids.  The rest of a measured ratio is
 batched products, element-wise passes over the logit cube, fairseq's fused attention kernel, memory
 traffic of the decoding state).
 
-``--time-products N`` also times the training step's products where they run (CPU time inside each
-product call, element-wise work excluded; median of ``N`` steps per model, interleaved): the time ratio
-if element-wise work were free but each product ran at its own measured speed.  It separates the two
-parts of the rest: products that run slower per FLOP than the linear layers' (routing's batched
-``M × M`` products) and everything else.
+``--time-products N`` (CPU only) also times the training step's products where they run (CPU time inside
+each product call, the memory it first touches included, element-wise work excluded; median of ``N``
+steps per model, interleaved): the time ratio if element-wise work were free but each product ran at its
+own measured speed.  It separates the two parts of the rest: products that run slower per FLOP than the
+linear layers' (routing's batched ``M × M`` products) and everything else.
 
-    python benchmarks/capsule_transformer/flops.py --preset multi30k --time-products 5 \\
+    python benchmarks/capsule_transformer/flops.py --preset multi30k --time-products 7 \\
         --out benchmarks/capsule_transformer/results/flops_multi30k.json
 """
 import argparse
@@ -125,9 +125,11 @@ def main():
     p.add_argument("--decode-rows", type=int, default=20)
     p.add_argument("--beam", type=int, default=5)
     p.add_argument("--time-products", type=int, default=0, metavar="N",
-                   help="also time the training step's products (median of N steps per model)")
+                   help="also time the training step's products on the CPU (median of N steps per model)")
     p.add_argument("--out", help="write the counts to this JSON file")
     a = p.parse_args()
+    if a.time_products and a.device != "cpu":
+        p.error(f"--time-products times products by the CPU clock: it needs --device cpu, not {a.device}")
     vocab, d, models = speed.build_models(p, a)
     result = {"preset": a.preset, "vocab": vocab, "capsule_args": a.capsule_args, "train": {}, "decode": {}}
     print(f"preset={a.preset} vocab={vocab} capsule_args='{a.capsule_args}': GFLOP of matrix products, capsule / vanilla")
