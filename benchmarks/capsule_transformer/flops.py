@@ -83,12 +83,13 @@ def product_seconds(fn):
 def train_step_product_seconds(models, b, repeats):
     """CPU time inside products of ``repeats`` interleaved training steps per model: medians, the ratio of the
     medians, and the per-run ratios (their spread)."""
-    runs = {k: [] for k in models}
-    for _ in range(repeats):
-        for k, m in models.items():
-            m.train()
-            runs[k].append(product_seconds(lambda: speed.forward_backward(m, b)))
-            m.zero_grad(set_to_none=True)
+    def measure(name, model):
+        model.train()
+        seconds = product_seconds(lambda: speed.forward_backward(model, b))
+        model.zero_grad(set_to_none=True)
+        return seconds
+
+    runs = speed.interleaved(models, measure, repeats)
     out = {k: statistics.median(v) for k, v in runs.items()}
     out["ratio"] = out["capsule_transformer"] / out["transformer"]
     out["run_ratios"] = sorted(c / v for c, v in zip(runs["capsule_transformer"], runs["transformer"]))
