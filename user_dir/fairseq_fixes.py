@@ -16,16 +16,32 @@
   ``from_pretrained``), but does not hand the flag on to the model's ``build_model``.  The wrapped
   version notes it for the duration of the build (:func:`building_from_checkpoint`), so that a
   model does not read files whose contents the checkpoint holds (``--pretrained-embeddings``).
+* Checkpoints that a failed write can half-write.  ``save_checkpoint`` writes the first checkpoint of a save
+  atomically (a ``.tmp`` file, then a rename) but copies it to ``checkpoint_last.pt`` / ``checkpoint_best.pt``
+  in place (``shutil.copyfile``): a full disk or a kill during the copy leaves a truncated
+  ``checkpoint_last.pt``, and the next start cannot resume.  The copies now go to a ``.tmp`` file renamed
+  over the target.  ``_torch_persistent_save`` retries a failed ``torch.save`` on the same file handle,
+  after the bytes of the failed attempt, so a retry that succeeds writes an unreadable file; each attempt
+  now starts again at the beginning of the file.  A write that fails for good removes its ``.tmp`` file and
+  raises :class:`CheckpointWriteError` naming the file; the checkpoints written before are unchanged.
 * ``np.compat.long`` (removed in numpy 2) is used by ``TokenBlockDataset``
   with ``--sample-break-mode eos`` and by ``LanguagePairDataset``; a tiny
   ``numpy.compat`` stand-in with ``long = int64`` is provided when missing.
 """
 import contextvars
 import functools
+import logging
+import os
+import shutil
+import time
 
 import torch
-from fairseq import models, search
+from fairseq import checkpoint_utils, file_io, models, search
 from fairseq.data import data_utils
+
+from .checkpoint_safety import CheckpointError
+
+logger = logging.getLogger(__name__)
 
 
 def _keep_last_batch(batch_by_size):
@@ -80,6 +96,74 @@ def _note_from_checkpoint(build_model):
     return patched
 
 
+class CheckpointWriteError(CheckpointError, OSError):
+    """A checkpoint could not be written (module docstring); the message names the file."""
+
+
+class AtomicCopyPathManager(file_io.PathManager):
+    """fairseq's ``PathManager`` whose ``copy`` of a local file never leaves a half-written target."""
+
+    _fairseq_struct_fixed = True
+
+    @staticmethod
+    def copy(src_path, dst_path, overwrite=False):
+        if file_io.PathManager.path_requires_pathmanager(dst_path):
+            return file_io.PathManager.copy(src_path, dst_path, overwrite=overwrite)
+        tmp = dst_path + ".tmp"
+        try:
+            shutil.copyfile(src_path, tmp)
+            os.replace(tmp, dst_path)
+        except OSError as e:
+            _remove(tmp)
+            raise CheckpointWriteError(f"could not write checkpoint {dst_path} ({e}); the checkpoints written "
+                                       f"before it are unchanged") from None
+        return True
+
+
+def _remove(path):
+    try:
+        os.remove(path)
+    except OSError:
+        pass
+
+
+def _save_from_start(obj, f, attempts=3, wait_s=2.5):
+    """``torch.save`` with fairseq's retries, each attempt from the handle's starting position."""
+    if isinstance(f, str):
+        with file_io.PathManager.open(f, "wb") as h:
+            return _save_from_start(obj, h, attempts, wait_s)
+    start = f.tell() if f.seekable() else None
+    for attempt in range(attempts):
+        try:
+            if start is not None:
+                f.seek(start)
+                f.truncate()
+            return torch.save(obj, f)
+        except Exception as e:
+            if attempt == attempts - 1 or start is None:
+                raise
+            logger.warning(f"writing a checkpoint failed ({e}); trying again")
+            time.sleep(wait_s)
+
+
+_save_from_start._fairseq_struct_fixed = True
+
+
+def _clean_failed_save(persistent_save):
+    @functools.wraps(persistent_save)
+    def patched(obj, filename, async_write=False):
+        try:
+            return persistent_save(obj, filename, async_write)
+        except OSError as e:
+            if isinstance(filename, str) and not file_io.PathManager.path_requires_pathmanager(filename):
+                _remove(filename + ".tmp")
+            raise CheckpointWriteError(f"could not write checkpoint {filename} ({e}); the checkpoints written "
+                                       f"before it are unchanged") from None
+
+    patched._fairseq_struct_fixed = True
+    return patched
+
+
 def _numpy_compat():
     import types
 
@@ -99,3 +183,8 @@ def install():
         models.build_model = _note_from_checkpoint(models.build_model)
     if not getattr(data_utils.batch_by_size, "_fairseq_struct_fixed", False):
         data_utils.batch_by_size = _keep_last_batch(data_utils.batch_by_size)
+    if not getattr(checkpoint_utils.PathManager, "_fairseq_struct_fixed", False):
+        checkpoint_utils.PathManager = AtomicCopyPathManager
+    checkpoint_utils._torch_persistent_save = _save_from_start
+    if not getattr(checkpoint_utils.torch_persistent_save, "_fairseq_struct_fixed", False):
+        checkpoint_utils.torch_persistent_save = _clean_failed_save(checkpoint_utils.torch_persistent_save)

@@ -25,7 +25,10 @@ Where the memory lives (the fairseq-native choice made here):
   memory.  The task tells the model where it is in the stream through
   ``net_input["stream_pos"]``: position 0 (the start of every epoch and of
   every evaluation pass) starts without memory, later positions continue
-  from the stored memory.  Without ``stream_pos`` (plain
+  from the stored memory (the memory notes the position it continues; a batch
+  at another position starts without memory, with a warning).  The training
+  memory is saved with every checkpoint (``bptt_lm``'s checkpoint state), so
+  a run resumed mid-epoch continues as if it had not stopped.  Without ``stream_pos`` (plain
   ``model(src_tokens)``, tests, other tasks) a call is stateless: one segment
   with no memory.
 * **Generation** (``fairseq-interactive``, ``fairseq-generate``, hub
@@ -122,6 +125,12 @@ class TransformerXLLanguageModel(FairseqLanguageModel):
 
     def reset_memory(self, slot=None):
         self.decoder.reset_memory(slot)
+
+    def memory_state(self, slot="train"):
+        return self.decoder.memory_state(slot)
+
+    def load_memory_state(self, saved, slot="train"):
+        self.decoder.load_memory_state(saved, slot)
 
 
 class TransformerXLDecoder(FairseqIncrementalDecoder):
@@ -226,8 +235,32 @@ class TransformerXLDecoder(FairseqIncrementalDecoder):
             self._stream_mems[slot] = None
         state = self._stream_mems.get(slot)
         if state is None or state["mems"][0].size(0) != bsz:
+            if stream_pos != 0 and slot == "train" and self.mem_len > 0:
+                logger.warning(f"transformer_xl_lm: no training memory for stream position {stream_pos}; this "
+                               f"segment is read without memory")
             return slot, None, None  # a new (or a different set of) streams: start afresh
+        if state["next_pos"] != stream_pos:
+            logger.warning(f"transformer_xl_lm: the {slot} memory continues stream position {state['next_pos']}, "
+                           f"not {stream_pos}; this segment is read without memory")
+            return slot, None, None
         return slot, state["mems"], state["cache"] if self._caching() else None
+
+    def memory_state(self, slot="train"):
+        """The stream memory of ``slot`` as ``{"next_pos", "mems"}`` (CPU tensors), or ``None``: what a
+        checkpoint keeps so that training resumed mid-epoch continues its streams exactly."""
+        state = self._stream_mems.get(slot)
+        if state is None:
+            return None
+        return {"next_pos": state["next_pos"], "mems": [m.detach().cpu() for m in state["mems"]]}
+
+    def load_memory_state(self, saved, slot="train"):
+        """Restores a :meth:`memory_state` (on the model's device; evaluation caches are recomputed)."""
+        if saved is None:
+            self._stream_mems.pop(slot, None)
+            return
+        device = next(self.parameters()).device
+        self._stream_mems[slot] = {"mems": [m.to(device) for m in saved["mems"]], "cache": None,
+                                   "next_pos": int(saved["next_pos"])}
 
     # ----------------------------------------------------------------- forward
     def forward(self, src_tokens, src_lengths=None, incremental_state=None, encoder_out=None,
@@ -251,7 +284,7 @@ class TransformerXLDecoder(FairseqIncrementalDecoder):
             self.set_incremental_state(incremental_state, "mems", new_mems)
             self.set_incremental_state(incremental_state, "cache", new_cache)
         elif slot is not None and new_mems is not None:
-            self._stream_mems[slot] = {"mems": new_mems, "cache": new_cache}
+            self._stream_mems[slot] = {"mems": new_mems, "cache": new_cache, "next_pos": stream_pos + 1}
         return hidden, {"mems": new_mems, "attn": [None]}
 
     def extract_features(self, tokens, mems=None, cache=None):

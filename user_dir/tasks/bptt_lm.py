@@ -21,7 +21,9 @@ The training recipe of Transformer-XL (official ``data_utils.py``,
   epoch and of every evaluation pass -- and continues from its memory
   afterwards.  ``begin_epoch`` also resets it, ``begin_valid_epoch`` resets the evaluation
   memory only (the model keeps separate training and evaluation memories, so a validation
-  in the middle of an epoch does not disturb training).  A model
+  in the middle of an epoch does not disturb training).  The training memory is
+  saved with each checkpoint and restored when training resumes mid-epoch
+  (:meth:`BPTTLanguageModelingTask.get_checkpoint_dict`).  A model
   without memory (no ``reset_memory``: ``fasttrees_transformer_lm``, fairseq's
   ``transformer_lm``) gets batches without the key, and reads each segment on
   its own.
@@ -284,6 +286,7 @@ class BPTTLanguageModelingTask(FairseqTask):
                 seed=seed, num_shards=num_shards, shard_id=shard_id, num_workers=num_workers, epoch=epoch,
                 data_buffer_size=data_buffer_size, disable_iterator_cache=True)
         shard = dataset.for_shard(num_shards, shard_id)
+        self._shard = (num_shards, shard_id)
         return iterators.EpochBatchIterator(
             dataset=shard, collate_fn=functools.partial(shard.collater, stream_pos=self.model_has_memory),
             batch_sampler=[[i] for i in range(len(shard))],
@@ -304,6 +307,7 @@ class BPTTLanguageModelingTask(FairseqTask):
         not take ``stream_pos``) gets its batches without the key (:meth:`get_batch_iterator`)."""
         model = super().build_model(cfg, from_checkpoint)
         self.model_has_memory = hasattr(model, "reset_memory")
+        self._model = model
         return model
 
     def _reset_memory(self, model, slot=None):
@@ -311,8 +315,32 @@ class BPTTLanguageModelingTask(FairseqTask):
         if hasattr(inner, "reset_memory"):
             inner.reset_memory(slot)
 
+    # ------------------------------------------------------------ resuming
+    # fairseq keeps ``get_checkpoint_dict()`` in every checkpoint's extra state and hands it back to
+    # ``set_checkpoint_dict`` when training resumes.  The training memory goes there, with the data-parallel
+    # worker whose streams it continues: a run resumed mid-epoch reads its next segment with the memory an
+    # uninterrupted run would have (``fairseq-train`` saves on worker 0 only, so the other workers of a
+    # data-parallel run resume their streams without memory, with a warning).
+
+    def get_checkpoint_dict(self):
+        model = getattr(self, "_model", None)
+        memory = model.memory_state() if hasattr(model, "memory_state") else None
+        return {self.__class__.__name__: {"train_memory": memory, "shard": getattr(self, "_shard", (1, 0))}}
+
+    def set_checkpoint_dict(self, state):
+        memory, shard = state.get("train_memory"), tuple(state.get("shard", (1, 0)))
+        if memory is not None and shard != getattr(self, "_shard", (1, 0)):
+            logger.warning(f"bptt_lm: the checkpoint's training memory belongs to worker {shard[1]} of {shard[0]}; "
+                           f"this worker resumes its streams without memory")
+            memory = None
+        self._resumed_memory = memory  # restored by begin_epoch, which fairseq calls after loading
+
     def begin_epoch(self, epoch, model):
         self._reset_memory(model)
+        memory, self._resumed_memory = getattr(self, "_resumed_memory", None), None
+        inner = getattr(model, "module", model)
+        if memory is not None and hasattr(inner, "load_memory_state"):
+            inner.load_memory_state(memory)
 
     def begin_valid_epoch(self, epoch, model):
         self._reset_memory(model, "eval")  # (the training memory stays: validation may come mid-epoch)
