@@ -1,0 +1,108 @@
+"""The Multi30k convergence recipe on tiny data: ``benchmarks/gpu/multi30k_converged.sh`` (run with
+``DEVICE=cpu``) drives ``examples/translation/multi30k_converged.sh`` for two configurations at once, each
+training to a tiny ``MAX_UPDATE``, averaging its last epoch checkpoints and scoring them with sacreBLEU; the
+rows land in one JSON.  Also: the averaging script, and what makes a row (converged or not, interrupted)."""
+import json
+import os
+import re
+
+import pytest
+import torch
+
+from tests.helpers import cli
+
+RUNS = {"transformer_s1": ("transformer", None), "capsule_transformer_enc_self_s1": ("capsule_transformer", "enc_self")}
+
+
+@pytest.fixture(scope="module")
+def converged(toy_translation_bin, tmp_path_factory):
+    root = tmp_path_factory.mktemp("m30k_converged")
+    results = root / "rows.json"
+    env = {"DEVICE": "cpu", "CONFIGS": "transformer capsule_transformer:enc_self", "SEEDS": "1",
+           "MAX_UPDATE": "8", "AVERAGE": "2", "MAX_TOKENS": "2500", "RESULTS": str(results),
+           "PYTHON": cli.tool("python")}
+    cmd = ["bash", os.path.join(cli.ROOT, "benchmarks/gpu/multi30k_converged.sh"), toy_translation_bin, root / "w"]
+    proc = cli.run(cmd, env=env, check=False)
+    outs = {name: open(root / "w" / f"{name}.out").read() for name in RUNS if (root / "w" / f"{name}.out").exists()}
+    assert proc.returncode == 0, (proc.stderr[-2000:], {k: v[-3000:] for k, v in outs.items()})
+    return root, results, cmd, env
+
+
+def test_converged_recipe_writes_one_row_per_run(converged, toy_translation_bin):
+    root, results, _, _ = converged
+    rows = json.load(open(results))
+    assert [(r["arch"], r["routing"], r["seed"], r["device"]) for r in rows] == [
+        ("capsule_transformer", "enc_self", 1, "cpu"), ("transformer", None, 1, "cpu")]
+    for row in rows:
+        assert row["updates"] == 8 and row["converged"] is False  # stopped by the cap, not by --patience
+        assert 0 <= row["test_bleu"] <= 100 and 0 <= row["valid_bleu"] <= 100
+        assert row["command"].startswith(f"examples/translation/multi30k_converged.sh {row['arch']} 1")
+    hyps = open(root / "w" / "transformer_s1" / "test.hyp").read().splitlines()
+    assert len(hyps) == cli.num_lines(os.path.join(os.path.dirname(toy_translation_bin), "raw", "test.de"))
+
+
+def test_converged_recipe_does_not_train_a_finished_run_again(converged):
+    root, results, cmd, env = converged
+    log = root / "w" / "transformer_s1" / "train.log"
+    before = open(log).read()
+    proc = cli.run(cmd, env=dict(env, CONFIGS="transformer"))
+    assert open(log).read() == before
+    assert len(json.load(open(results))) == 2, proc.stderr
+
+
+def test_average_checkpoints_is_the_mean_of_the_last_epochs(converged):
+    root, _, _, _ = converged
+    ckpts = os.path.join(root, "w", "transformer_s1", "checkpoints")
+    epochs = sorted(int(m.group(1)) for m in map(re.compile(r"checkpoint(\d+)\.pt").fullmatch, os.listdir(ckpts)) if m)
+    assert len(epochs) == 2
+    states = [torch.load(os.path.join(ckpts, f"checkpoint{e}.pt"), map_location="cpu", weights_only=False)
+              for e in epochs]
+    averaged = torch.load(os.path.join(root, "w", "transformer_s1", "averaged.pt"), map_location="cpu",
+                          weights_only=False)
+    assert averaged["optimizer_history"][-1]["num_updates"] == states[-1]["optimizer_history"][-1]["num_updates"]
+    differs = 0
+    for name, value in averaged["model"].items():
+        a, b = states[0]["model"][name], states[1]["model"][name]
+        torch.testing.assert_close(value, ((a.double() + b.double()) / 2).to(a.dtype), msg=name)
+        differs += not torch.equal(a, b)
+    assert differs > 0  # the two epochs' parameters differ, so the mean is not one of them
+
+
+def test_average_checkpoints_refuses_different_models(converged, tmp_path):
+    root, _, _, _ = converged
+    a = os.path.join(root, "w", "transformer_s1", "averaged.pt")
+    b = os.path.join(root, "w", "capsule_transformer_enc_self_s1", "averaged.pt")
+    proc = cli.script("examples/translation/average_checkpoints.py", "--inputs", a, b, "--output",
+                      tmp_path / "x.pt", check=False)
+    assert proc.returncode != 0 and "hold different parameters" in proc.stderr, proc.stderr[-2000:]
+    assert not os.path.exists(tmp_path / "x.pt")
+
+
+LOG = """2026-01-01 | INFO | valid | epoch 001 | valid on 'valid' subset | loss 8.661 | nll_loss 7.9 | num_updates 128
+2026-01-01 | INFO | valid | epoch 002 | valid on 'valid' subset | loss 7.100 | nll_loss 6.2 | num_updates 256
+2026-01-01 | INFO | valid | epoch 003 | valid on 'valid' subset | loss 7.300 | nll_loss 6.3 | num_updates 384
+"""
+
+
+def rows_script(work, results, max_update):
+    return cli.script("benchmarks/translation/converged_rows.py", "--work", work, "--arch", "transformer",
+                      "--seed", 1, "--valid-bleu", 30.5, "--test-bleu", 35.25, "--max-update", max_update,
+                      "--command", "x", "--results", results, check=False)
+
+
+def test_converged_row_says_whether_patience_stopped_it(tmp_path):
+    with open(tmp_path / "train.log", "w") as f:
+        f.write(LOG + "early stop since valid performance hasn't improved for last 5 runs\n")
+    proc = rows_script(tmp_path, tmp_path / "rows.json", 8000)
+    assert proc.returncode == 0, proc.stderr
+    (row,) = json.load(open(tmp_path / "rows.json"))
+    assert (row["updates"], row["epochs"], row["converged"], row["best_valid_loss"]) == (384, 3, True, 7.1)
+
+
+def test_converged_row_refuses_an_interrupted_run(tmp_path):
+    """A log that ends neither by --patience nor at --max-update is a run cut off: no row."""
+    with open(tmp_path / "train.log", "w") as f:
+        f.write(LOG)
+    proc = rows_script(tmp_path, tmp_path / "rows.json", 8000)
+    assert proc.returncode != 0 and "interrupted run" in proc.stderr
+    assert not os.path.exists(tmp_path / "rows.json")
