@@ -6,7 +6,7 @@ from tests.helpers import invariance
 from tests.helpers.ddp import assert_ddp_matches_single_process, translation_batches_and_loss
 from tests.helpers.models import build, prev_output, random_sentences
 from user_dir.modules.fasttrees_layer import (
-    FastTreesOptions,
+    FastTreesConfig,
     FastTreesSublayer,
     cumax,
     fasttrees_modules,
@@ -96,7 +96,7 @@ def test_scan_is_not_trivially_equal():
 @pytest.mark.parametrize("bidirectional", [False, True])
 def test_sublayer_parallel_equals_loop_with_padding(bidirectional):
     torch.manual_seed(0)
-    layer = FastTreesSublayer(16, FastTreesOptions(chunk_size=4), causal=not bidirectional,
+    layer = FastTreesSublayer(16, FastTreesConfig(chunk_size=4), causal=not bidirectional,
                               bidirectional=bidirectional).double()
     x = torch.randn(9, 3, 16, dtype=torch.float64)
     pad = torch.zeros(3, 9, dtype=torch.bool)
@@ -110,7 +110,7 @@ def test_sublayer_parallel_equals_loop_with_padding(bidirectional):
 
 def test_master_gates_are_ordered_and_chunked():
     torch.manual_seed(0)
-    layer = FastTreesSublayer(24, FastTreesOptions(chunk_size=3), causal=True)
+    layer = FastTreesSublayer(24, FastTreesConfig(chunk_size=3), causal=True)
     f_master, i_master = layer.master_gates(torch.randn(5, 2, 24))
     assert f_master.shape == (5, 2, 8)  # 24 / chunk 3 master units
     assert (f_master.diff(dim=-1) >= -1e-6).all() and torch.allclose(f_master[..., -1], torch.ones(5, 2))
@@ -142,7 +142,7 @@ def _plain_equations(layer, x):
 def test_sublayer_equals_plain_equations():
     """The sublayer (chunked masters, parallel scan with its hand-written backward) computes the paper's equations."""
     torch.manual_seed(0)
-    layer = FastTreesSublayer(24, FastTreesOptions(chunk_size=3), causal=True).double()
+    layer = FastTreesSublayer(24, FastTreesConfig(chunk_size=3), causal=True).double()
     x = torch.randn(11, 3, 24, dtype=torch.float64, requires_grad=True)
     got, ref = layer(x), _plain_equations(layer, x)
     assert torch.allclose(got, ref, atol=1e-12)
@@ -159,8 +159,8 @@ def test_sublayer_equals_plain_equations():
 def test_conv_master_is_causal():
     """Conv. FastTrees: gates at t do not depend on x_{>t} (the released ConvFT reads x_{t+1})."""
     torch.manual_seed(0)
-    layer = FastTreesSublayer(16, FastTreesOptions(chunk_size=4, master="conv", conv_kernel_size=2,
-                                                   conv_dilation=2), causal=True)
+    layer = FastTreesSublayer(16, FastTreesConfig(chunk_size=4, fasttrees_master="conv", conv_kernel_size=2,
+                                                  conv_dilation=2), causal=True)
     x = torch.randn(8, 1, 16)
     base = layer(x)
     for t in range(7):

@@ -11,7 +11,6 @@ saves it with the checkpoint, and its test fails if it is not restored.
 """
 import json
 import os
-import random
 import re
 import sys
 
@@ -32,16 +31,7 @@ STAR = ["--encoder-embed-dim", 16, "--encoder-attention-heads", 2, "--encoder-la
 @pytest.fixture(scope="module")
 def sst_bin(tmp_path_factory):
     """SST-format sentences (LABEL words) through preprocess/sst_prepare.py."""
-    raw = tmp_path_factory.mktemp("resume_sst_raw")
-    rng = random.Random(0)
-    words = "good bad fine awful great poor nice dull the a movie plot film".split()
-    for split, n in (("train", 120), ("dev", 16), ("test", 16)):
-        with open(raw / f"stsa.fine.{split}", "w") as f:
-            for _ in range(n):
-                f.write(f"{rng.randint(0, 4)} {' '.join(rng.choice(words) for _ in range(rng.randint(2, 9)))}\n")
-    dest = tmp_path_factory.mktemp("resume_sst") / "bin"
-    cli.script("preprocess/sst_prepare.py", "--raw", raw, "--classes", 5, "--dest", dest)
-    return dest
+    return cli.make_toy_sst_data(tmp_path_factory.mktemp("resume_sst"))
 
 
 @pytest.fixture(scope="module")

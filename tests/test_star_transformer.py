@@ -34,7 +34,8 @@ def test_parity_with_fastnlp(head_dim):
         torch.nn.init.normal_(norm.weight, 1.0, 0.2)
         torch.nn.init.normal_(norm.bias, 0.0, 0.2)
     mine = StarTransformer(StarTransformerOptions.fastnlp(
-        embed_dim=d, layers=3, attention_heads=heads, head_dim=head_dim, max_positions=16, dropout=0.0)).eval()
+        encoder_embed_dim=d, encoder_layers=3, encoder_attention_heads=heads, encoder_head_dim=head_dim,
+        max_positions=16, dropout=0.0)).eval()
     mine.load_fastnlp_state(ref)
     x = torch.randn(4, L, d)
     lengths = torch.tensor([11, 7, 3, 1])
@@ -45,8 +46,8 @@ def test_parity_with_fastnlp(head_dim):
     assert (nodes - ref_nodes).abs().max() < 1e-5
     assert (relay - ref_relay).abs().max() < 1e-5
     # the default (paper) semantics are different from fastNLP's: the check above is not vacuous
-    paper = StarTransformer(StarTransformerOptions(embed_dim=d, layers=3, attention_heads=heads,
-                                                   head_dim=head_dim, max_positions=16, dropout=0.0)).eval()
+    paper = StarTransformer(StarTransformerOptions(encoder_embed_dim=d, encoder_layers=3, encoder_attention_heads=heads,
+                                                   encoder_head_dim=head_dim, max_positions=16, dropout=0.0)).eval()
     paper.load_state_dict(mine.state_dict(), strict=False)
     with torch.no_grad():
         assert (paper(x, ~mask)[1] - ref_relay).abs().max() > 1e-3
@@ -69,7 +70,7 @@ def _naive_cycle_reference(star, x, pad):
             H, dh = ra.heads, ra.head_dim
             new_h = torch.zeros_like(h)
             for i in range(m):
-                ctx = [h[(i - 1) % m], h[i], h[(i + 1) % m], e[i], s] if o.ring_wrap else \
+                ctx = [h[(i - 1) % m], h[i], h[(i + 1) % m], e[i], s] if not o.star_no_ring_wrap else \
                     [v for v in ([h[i - 1]] if i > 0 else []) + [h[i]] + ([h[i + 1]] if i < m - 1 else []) + [e[i], s]]
                 C = torch.stack(ctx)
                 q = ra.q_proj(h[i]).view(H, dh)
@@ -94,8 +95,8 @@ def _naive_cycle_reference(star, x, pad):
 def test_matches_naive_reference(wrap, left_pad):
     """The shifted/sliced ring attention equals an explicit per-token loop (paper semantics)."""
     torch.manual_seed(1)
-    star = StarTransformer(StarTransformerOptions(embed_dim=12, layers=2, attention_heads=3, max_positions=16,
-                                                  dropout=0.0, ring_wrap=wrap)).eval()
+    star = StarTransformer(StarTransformerOptions(encoder_embed_dim=12, encoder_layers=2, encoder_attention_heads=3,
+                                                  max_positions=16, dropout=0.0, star_no_ring_wrap=not wrap)).eval()
     lengths = [6, 4, 1, 2]
     n = max(lengths)
     x = torch.randn(len(lengths), n, 12)
@@ -113,8 +114,8 @@ def test_ring_wrap_links_first_and_last_token():
     """Closed ring: with one cycle, the first token sees the last one directly; open ring: only via the relay."""
     torch.manual_seed(0)
     for wrap in (True, False):
-        star = StarTransformer(StarTransformerOptions(embed_dim=8, layers=1, attention_heads=2, max_positions=16,
-                                                      dropout=0.0, ring_wrap=wrap)).eval()
+        star = StarTransformer(StarTransformerOptions(encoder_embed_dim=8, encoder_layers=1, encoder_attention_heads=2,
+                                                      max_positions=16, dropout=0.0, star_no_ring_wrap=not wrap)).eval()
         x = torch.randn(1, 6, 8, requires_grad=True)
         nodes, _ = star(x)
         (nodes[0, 0] * torch.randn(8)).sum().backward()  # LN outputs sum to a constant
@@ -171,9 +172,10 @@ def test_position_table_overflow_is_a_clear_error():
 
 def test_bad_flag_values():
     with pytest.raises(ValueError, match="--star-activation"):
-        StarTransformer(StarTransformerOptions(embed_dim=8, attention_heads=2, activation="gelu"))
+        StarTransformer(StarTransformerOptions(encoder_embed_dim=8, encoder_attention_heads=2, star_activation="gelu"))
     with pytest.raises(ValueError, match="--star-norm-position"):
-        StarTransformer(StarTransformerOptions(embed_dim=8, attention_heads=2, norm_position="middle"))
+        StarTransformer(StarTransformerOptions(encoder_embed_dim=8, encoder_attention_heads=2,
+                                               star_norm_position="middle"))
 
 
 def test_pretrained_vectors(tmp_path):
@@ -390,14 +392,15 @@ def test_block_dropout_flag():
 
     def train_vs_eval(**kw):
         torch.manual_seed(0)
-        star = StarTransformer(StarTransformerOptions(embed_dim=16, layers=2, attention_heads=2, max_positions=8, **kw))
+        star = StarTransformer(StarTransformerOptions(encoder_embed_dim=16, encoder_layers=2, encoder_attention_heads=2,
+                                                      max_positions=8, **kw))
         with torch.no_grad():
             ref = star.eval()(x)[0]
             return (star.train()(x)[0] - ref).abs().max().item()
 
     assert train_vs_eval(dropout=0.0) == 0.0  # -1: follows --dropout = 0
-    assert train_vs_eval(dropout=0.0, block_dropout=0.5) > 0.1
-    assert train_vs_eval(dropout=0.5, block_dropout=0.0) > 0.1  # the embeddings are still dropped
+    assert train_vs_eval(dropout=0.0, star_block_dropout=0.5) > 0.1
+    assert train_vs_eval(dropout=0.5, star_block_dropout=0.0) > 0.1  # the embeddings are still dropped
     model, _ = build("star_transformer", TINY + ["--dropout", "0.3", "--star-block-dropout", "0"])
     assert all(c.block_dropout == 0.0 for c in model.encoder.star.cycles)
     assert model.encoder.star.options.dropout == 0.3

@@ -5,16 +5,11 @@ count explains the generation ratio of ``speed.py`` without timing noise:
 
     OMP_NUM_THREADS=1 python benchmarks/capsule_transformer/count_ops.py
 """
-import os
-import sys
-
 import torch
+from speed import PRESETS, batch, generate_rate
 from torch.profiler import ProfilerActivity, profile
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-
-from benchmarks.capsule_transformer.speed import PRESETS, batch, generate_rate  # noqa: E402
-from tests.helpers.models import build, toy_dictionary  # noqa: E402
+from user_dir.from_flags import build, toy_dictionary
 
 
 def main():

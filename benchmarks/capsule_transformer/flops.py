@@ -20,17 +20,14 @@ linear layers' (routing's batched ``M × M`` products) and everything else.
         --out benchmarks/capsule_transformer/results/flops_multi30k.json
 """
 import argparse
-import os
 import statistics
-import sys
 import time
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, sdpa_flop_count
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import speed  # noqa: E402  (sets up the import path of the repository)
+import speed
 
 
 def _cpu_flash(query, key, value, *args, out_shape=None, **kwargs):

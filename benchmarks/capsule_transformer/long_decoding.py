@@ -14,13 +14,11 @@ import argparse
 import math
 import os
 import statistics
-import sys
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import speed  # noqa: E402
-from user_dir.modules import capsule_routing  # noqa: E402
+import speed
+from user_dir.modules import capsule_routing
 
 
 def routing_state_floats(state):

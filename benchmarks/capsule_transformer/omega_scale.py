@@ -15,10 +15,8 @@ binarized split (teacher forcing, one sentence at a time, so no padding):
 """
 import argparse
 import os
-import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, ROOT)
 
 
 def module_statistics(model, dataset, sentences):

@@ -33,18 +33,13 @@ import json
 import os
 import re
 import statistics
-import sys
 import time
 
 import torch
+from fairseq.data import data_utils
+from fairseq.sequence_generator import SequenceGenerator
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, ROOT)
-
-import user_dir  # noqa: E402,F401
-from fairseq.sequence_generator import SequenceGenerator  # noqa: E402
-from tests.helpers.models import build, random_sentences, toy_dictionary  # noqa: E402
-from fairseq.data import data_utils  # noqa: E402
+from user_dir.from_flags import build, random_sentences, toy_dictionary
 
 PRESETS = {
     # the demo's sizes (examples/demo/run_demo.sh)

@@ -8,14 +8,12 @@ the ``_LinearScan`` / ``_LinearScanBackward`` rows (CPU total).
 """
 import argparse
 import os
-import sys
 
 import torch
+from speed import sizes_with_ffn, train_step_fn, translation_loss
 from torch.profiler import ProfilerActivity, profile
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-from speed import build, sizes_with_ffn, toy_dictionary, train_step_fn, translation_loss  # noqa: E402
+from user_dir.from_flags import build, toy_dictionary
 
 
 def main():

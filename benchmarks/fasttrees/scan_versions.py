@@ -10,17 +10,14 @@ same inputs (T × B × 256), medians.
 import argparse
 import os
 import subprocess
-import sys
 import types
 
 import torch
+from speed import interleaved
+
+from user_dir.modules import fasttrees_layer as current
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, ROOT)
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-from speed import interleaved  # noqa: E402
-from user_dir.modules import fasttrees_layer as current  # noqa: E402
 
 
 def load_old(commit):

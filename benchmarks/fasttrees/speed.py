@@ -18,20 +18,13 @@
 import argparse
 import os
 import statistics
-import sys
 import time
 
 import torch
+from onlstm import ONLSTMLanguageModel
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, ROOT)
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-import user_dir  # noqa: E402,F401
-from onlstm import ONLSTMLanguageModel  # noqa: E402
-from tests.helpers.models import build, toy_dictionary  # noqa: E402
-from user_dir.modules.fasttrees_layer import (  # noqa: E402
-    FastTreesOptions, FastTreesSublayer, linear_scan, sequential_scan)
+from user_dir.from_flags import build, toy_dictionary
+from user_dir.modules.fasttrees_layer import FastTreesConfig, FastTreesSublayer, linear_scan, sequential_scan
 
 SIZES = ["--encoder-layers", 3, "--decoder-layers", 3, "--encoder-embed-dim", 256, "--decoder-embed-dim", 256,
          "--encoder-ffn-embed-dim", 1024, "--decoder-ffn-embed-dim", 1024, "--encoder-attention-heads", 4,
@@ -120,7 +113,7 @@ class FastTreesRNNLanguageModel(torch.nn.Module):
     def __init__(self, vocab, hidden, layers, chunk_size):
         super().__init__()
         self.embed = torch.nn.Embedding(vocab, hidden)
-        self.layers = torch.nn.ModuleList(FastTreesSublayer(hidden, FastTreesOptions(chunk_size=chunk_size))
+        self.layers = torch.nn.ModuleList(FastTreesSublayer(hidden, FastTreesConfig(chunk_size=chunk_size))
                                           for _ in range(layers))
         self.out = torch.nn.Linear(hidden, vocab)
         self.out.weight = self.embed.weight
@@ -175,7 +168,7 @@ def scan_ratio(repeats, T=256, B=16, D=256):
     raw = interleaved({"loop": run(lambda: sequential_scan(a, b)), "unbind": run(lambda: unbind_loop(a, b)),
                        "scan": run(lambda: linear_scan(a, b))}, repeats)
     torch.manual_seed(0)
-    layer = FastTreesSublayer(D, FastTreesOptions(chunk_size=8), causal=True)
+    layer = FastTreesSublayer(D, FastTreesConfig(chunk_size=8), causal=True)
     x = torch.randn(T, B, D, generator=g)
 
     def sub(mode):

@@ -11,16 +11,9 @@ lowercased, digits as N: the protocol of examples/fasttrees/eval_parsing.py).
 """
 import argparse
 import json
-import os
-import sys
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, ROOT)
-sys.path.insert(0, os.path.join(ROOT, "examples", "fasttrees"))
-
-from eval_parsing import read_treebank  # noqa: E402
-from user_dir.modules.fasttrees_trees import (  # noqa: E402
-    build_tree, leaves, load_model, sentence_distances, sentence_f1)
+from user_dir.modules.fasttrees_trees import (
+    build_tree, leaves, load_model, read_treebank, sentence_distances, sentence_f1)
 
 
 def main(argv=None):

@@ -1,12 +1,9 @@
 """Shared by the MTN benchmarks: the two models at equal parameter count, built from CLI-style flags."""
 import os
-import sys
+
+from user_dir.from_flags import build
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-if ROOT not in sys.path:
-    sys.path.insert(0, ROOT)
-
-import user_dir  # noqa: E402,F401
 
 D = 64
 MTN_ARGS = ["--arch", "mtn_tiny", "--share-all-embeddings"]
@@ -23,8 +20,6 @@ def n_params(model):
 
 def build_pair(dictionary, max_query_length, levels=2):
     """(mtn model, flat transformer model, flat transformer flags) with equal parameter counts (within 1%)."""
-    from tests.helpers.models import build
-
     mtn, _ = build(MTN_ARGS[1], [*MTN_ARGS[2:], "--max-query-length", max_query_length, "--levels", levels],
                    task="query_suggestion", dictionary=dictionary)
     target = n_params(mtn)

@@ -19,9 +19,7 @@ import subprocess
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-from common import MTN_ARGS, ROOT, build_pair, n_params  # noqa: E402
+from common import MTN_ARGS, ROOT, build_pair, n_params
 
 BIN = os.path.dirname(sys.executable)
 

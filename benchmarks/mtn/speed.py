@@ -9,19 +9,16 @@ hits both alike; the ratio of the median step times is printed.
     python benchmarks/mtn/speed.py --data benchmarks/work/syn_bin --max-query-length 8
 """
 import argparse
-import os
 import statistics
-import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-from common import build_pair, n_params  # noqa: E402
+from common import build_pair, n_params
 
 
 def batches(data, max_query_length, n, max_tokens):
     from fairseq.tasks import setup_task
-    from tests.helpers.models import parse_cfg
+
+    from user_dir.from_flags import parse_cfg
 
     cfg = parse_cfg("mtn_tiny", task="query_suggestion", extra=["--max-query-length", max_query_length]).task
     cfg.data = data

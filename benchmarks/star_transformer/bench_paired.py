@@ -13,14 +13,10 @@ Example::
     OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 python benchmarks/star_transformer/bench_paired.py --n 16384 --repeats 3
 """
 import argparse
-import os
 import statistics
-import sys
 
 import torch
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_scaling import build_models, star_flops, step, time_model, transformer_flops  # noqa: E402
+from bench_scaling import build_models, star_flops, step, time_model, transformer_flops
 
 
 def timed(model, tokens, lengths):

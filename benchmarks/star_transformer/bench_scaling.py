@@ -21,16 +21,11 @@ Example::
 """
 import argparse
 import json
-import os
 import statistics
-import sys
 import time
 from argparse import Namespace
 
 import torch
-
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, ROOT)
 
 
 def transformer_flops(n, d, layers, ffn):

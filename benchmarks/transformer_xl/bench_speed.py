@@ -38,17 +38,13 @@ import subprocess
 import sys
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, ROOT)
+import torch
+import torch.nn.functional as F
+from fairseq import utils as fairseq_utils
+from fairseq.data import Dictionary
 
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-
-import user_dir  # noqa: E402,F401
-from fairseq import utils as fairseq_utils  # noqa: E402
-from fairseq.data import Dictionary  # noqa: E402
-from tests.helpers.models import build, toy_dictionary  # noqa: E402
-from user_dir.tasks.bptt_lm import StreamDataset  # noqa: E402
+from user_dir.from_flags import build, toy_dictionary
+from user_dir.tasks.bptt_lm import StreamDataset
 
 SIZE = dict(layers=4, dim=256, heads=4, head_dim=64, ffn=1024)
 

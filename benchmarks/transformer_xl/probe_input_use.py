@@ -7,16 +7,11 @@ A model stuck on the unigram plateau scores about the same either way.
 """
 import argparse
 import math
-import os
-import sys
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, ROOT)
+import torch
+from fairseq import checkpoint_utils
 
-import torch  # noqa: E402
-
-import user_dir  # noqa: E402,F401
-from fairseq import checkpoint_utils  # noqa: E402
+import user_dir  # noqa: F401
 
 
 def main():

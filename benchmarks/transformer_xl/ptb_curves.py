@@ -18,19 +18,14 @@ import argparse
 import json
 import math
 import os
-import sys
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, ROOT)
+import torch
+import torch.nn.functional as F
+from fairseq.data import Dictionary, data_utils
 
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-
-import user_dir  # noqa: E402,F401
-from fairseq.data import Dictionary, data_utils  # noqa: E402
-from tests.helpers.models import build  # noqa: E402
-from user_dir.tasks.bptt_lm import StreamDataset  # noqa: E402
+from user_dir.from_flags import build
+from user_dir.tasks.bptt_lm import StreamDataset
 
 
 def parse_variant(text):

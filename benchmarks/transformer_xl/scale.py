@@ -32,9 +32,6 @@ import subprocess
 import sys
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, ROOT)
-
 V = 267735  # WT103's vocabulary (the reference's corpus.vocab + <eos>)
 PRESET = dict(n_layer=16, d_model=410, n_head=10, d_head=41, d_inner=2100, mem_len=150, dropout=0.1)
 VARIANTS = ("full", "target", "hf")
@@ -63,8 +60,8 @@ def build_variant(variant, d, bsz, tgt_len):
     from fairseq import utils as fairseq_utils
     from fairseq.criterions.cross_entropy import CrossEntropyCriterion
 
-    from tests.helpers.models import build
     from user_dir.criterions.projected_adaptive_loss import ProjectedAdaptiveLossCriterion
+    from user_dir.from_flags import build
 
     task = Namespace(target_dictionary=d)
     if variant == "hf":
@@ -82,8 +79,7 @@ def build_variant(variant, d, bsz, tgt_len):
 def child(args):
     import torch
 
-    import user_dir  # noqa: F401
-    from tests.helpers.models import toy_dictionary
+    from user_dir.from_flags import toy_dictionary
 
     torch.manual_seed(0)
     d = toy_dictionary(V - 4)

@@ -11,18 +11,13 @@ import argparse
 import os
 import resource
 import statistics
-import sys
 import time
 
 import numpy as np
 import torch
+from fairseq.data import data_utils, indexed_dataset
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, ROOT)
-
-from fairseq.data import data_utils, indexed_dataset  # noqa: E402
-
-from user_dir.tasks.bptt_lm import TokenStream, concatenated_lines, token_stream  # noqa: E402
+from user_dir.tasks.bptt_lm import TokenStream, concatenated_lines, token_stream
 
 
 def write_corpus(prefix, lines, vocab, seed=0):

@@ -12,41 +12,9 @@ sentence-level unlabelled bracketing F1 against the gold trees, next to the
 left- and right-branching baselines.
 """
 import argparse
-import os
-import sys
-import zipfile
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-
-import user_dir  # noqa: E402,F401
-from user_dir.modules.fasttrees_trees import (  # noqa: E402
-    build_tree, gold_tree, leaves, left_branching, load_model, parse_sexpr, right_branching,
-    sentence_distances, sentence_f1)
-
-
-def read_treebank(path):
-    """Gold nested-list trees of every sentence in the treebank zip (or a directory of .mrg files)."""
-    texts = []
-    if os.path.isdir(path):
-        for name in sorted(os.listdir(path)):
-            if name.endswith(".mrg"):
-                with open(os.path.join(path, name), encoding="utf-8") as f:
-                    texts.append(f.read())
-    elif zipfile.is_zipfile(path):
-        with zipfile.ZipFile(path) as z:
-            names = sorted(n for n in z.namelist() if n.startswith("treebank/combined/") and n.endswith(".mrg"))
-            texts = [z.read(n).decode("utf-8") for n in names]
-    else:
-        raise SystemExit(f"--treebank {path}: neither a treebank zip nor a directory of .mrg files")
-    if not texts:
-        raise SystemExit(f"--treebank {path}: no .mrg trees found")
-    trees = []
-    for text in texts:
-        for node in parse_sexpr(text):
-            tree = gold_tree(node)
-            if tree is not None:
-                trees.append(tree)
-    return trees
+from user_dir.modules.fasttrees_trees import (
+    build_tree, leaves, left_branching, load_model, read_treebank, right_branching, sentence_distances, sentence_f1)
 
 
 def main(argv=None):
@@ -75,7 +43,7 @@ def main(argv=None):
         scores = {"left-branching": sentence_f1(left_branching(words), gold),
                   "right-branching": sentence_f1(right_branching(words), gold)}
         for layer in range(dist.size(0)):
-            scores[f"FastTrees layer {layer}"] = sentence_f1(build_tree(dist[layer].tolist(), words), gold)
+            scores[f"{getattr(model, 'tree_label', 'FastTrees')} layer {layer}"] = sentence_f1(build_tree(dist[layer].tolist(), words), gold)
         for k, v in scores.items():
             sums[k] = sums.get(k, 0.0) + v
     print(f"sentences: {len(golds)}  words: {total}  OOV rate: {unk / max(total, 1):.3f}")

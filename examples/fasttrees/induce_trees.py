@@ -13,10 +13,8 @@ import argparse
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-
-import user_dir  # noqa: E402,F401  (registers the models; checkpoint allow-list)
-from user_dir.modules.fasttrees_trees import (  # noqa: E402
+import user_dir  # noqa: F401  (registers the models; checkpoint allow-list)
+from user_dir.modules.fasttrees_trees import (
     build_tree, draw_tree, load_model, sentence_distances, tree_to_string)
 
 

@@ -13,13 +13,9 @@ Example::
         --data data/conll03-ner --input data/conll03-ner/test.txt --output test.pred.txt
 """
 import argparse
-import os
 import sys
 
 import torch
-
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, ROOT)
 
 
 def main(argv=None):

@@ -59,7 +59,6 @@ import sys
 import tempfile
 import zipfile
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 FAIRSEQ_SPECIALS = ("<s>", "<pad>", "</s>", "<unk>")  # rows 0-3 of every fairseq Dictionary
 NEW_ROW_LOGIT = -1e4  # output bias of the rows HF does not have: probability 0 in float32
 
@@ -316,8 +315,6 @@ def remap_hf_state(state, cfg, new_to_hf, where):
 
 # ------------------------------------------------------------------ fairseq side
 def _import_plugin():
-    if ROOT not in sys.path:
-        sys.path.insert(0, ROOT)
     import user_dir  # noqa: F401  (registers transformer_xl_lm and bptt_lm)
 
 

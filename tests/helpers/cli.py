@@ -53,10 +53,24 @@ def script(path, *args, **kwargs):
 
 
 def load_script(path):
-    """Imports one of the project's Python scripts (path relative to the repository root) as a module."""
-    spec = importlib.util.spec_from_file_location(os.path.splitext(os.path.basename(path))[0], os.path.join(ROOT, path))
+    """Imports one of the project's Python scripts (path relative to the repository root) as a module.
+
+    As ``python PATH`` would run it, the script's directory comes first on ``sys.path`` while it is imported, so
+    that it imports its sibling modules (``import speed``); those are then dropped from ``sys.modules``, so that a
+    script of another directory gets its own ``speed``."""
+    full = os.path.join(ROOT, path)
+    folder = os.path.dirname(full)
+    spec = importlib.util.spec_from_file_location(os.path.splitext(os.path.basename(path))[0], full)
     module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    before = set(sys.modules)
+    sys.path.insert(0, folder)
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(folder)
+        for name in set(sys.modules) - before:
+            if os.path.dirname(os.path.abspath(getattr(sys.modules[name], "__file__", None) or "")) == folder:
+                del sys.modules[name]
     return module
 
 
@@ -67,6 +81,23 @@ def make_toy_translation_data(workdir, train=300, valid=37, test=43, merges=200)
            "--valid", valid, "--test", test)
     script("preprocess/prepare_translation.py", "--raw", raw, "--src", "en", "--tgt", "de",
            "--dest", dest, "--merges", merges)
+    return dest
+
+
+def make_toy_sst_data(workdir, train=120):
+    """Random SST-format sentences (``LABEL words``, 5 classes) through preprocess/sst_prepare.py. Returns the
+    binarized directory."""
+    import random
+
+    raw, dest = os.path.join(workdir, "raw"), os.path.join(workdir, "bin")
+    os.makedirs(raw, exist_ok=True)
+    rng = random.Random(0)
+    words = "good bad fine awful great poor nice dull the a movie plot film".split()
+    for split, n in (("train", train), ("dev", 16), ("test", 16)):
+        with open(os.path.join(raw, f"stsa.fine.{split}"), "w") as f:
+            for _ in range(n):
+                f.write(f"{rng.randint(0, 4)} {' '.join(rng.choice(words) for _ in range(rng.randint(2, 9)))}\n")
+    script("preprocess/sst_prepare.py", "--raw", raw, "--classes", 5, "--dest", dest)
     return dest
 
 

@@ -34,12 +34,7 @@ from fairseq.modules.transformer_sentence_encoder import init_bert_params
 from fairseq.utils import safe_getattr, safe_hasattr
 from omegaconf import OmegaConf
 
-from ..modules.fasttrees_layer import (
-    FastTreesConfig,
-    FastTreesDecoderLayer,
-    FastTreesEncoderLayer,
-    FastTreesOptions,
-)
+from ..modules.fasttrees_layer import FastTreesConfig, FastTreesDecoderLayer, FastTreesEncoderLayer
 from ..tasks.kinds import check_task_kind
 
 
@@ -55,11 +50,11 @@ def _as_namespace(args):
 
 
 def fasttrees_transformer_config(args):
-    """fairseq's ``TransformerConfig`` for ``args`` plus ``.fasttrees``: the validated :class:`FastTreesOptions`."""
+    """fairseq's ``TransformerConfig`` for ``args`` plus ``.fasttrees``: the :class:`FastTreesConfig` in ``args``."""
     if isinstance(args, TransformerConfig) and "fasttrees" in vars(args):
         return args
     ns = _as_namespace(args)
-    ns.fasttrees = FastTreesOptions.from_args(ns)
+    ns.fasttrees = FastTreesConfig.of(ns)
     return TransformerConfig.from_namespace(ns)
 
 
@@ -70,7 +65,7 @@ def add_fasttrees_args(parser):
 
 def check_fasttrees_args(args, embed_dims, bidirectional=False):
     """Validates the FastTrees flags early, with the flag names in the message."""
-    opts = FastTreesOptions.from_args(args)
+    opts = FastTreesConfig.of(args)
     for d in embed_dims:
         opts.validate(d, bidirectional)
 
@@ -127,7 +122,7 @@ class FastTreesTransformerModel(TransformerModel):
         base_architecture(args)
         check_fasttrees_args(args, [args.encoder_embed_dim], bidirectional=bool(args.fasttrees_bidirectional))
         check_fasttrees_args(args, [args.decoder_embed_dim])
-        args.fasttrees = FastTreesOptions.from_args(args)
+        args.fasttrees = FastTreesConfig.of(args)
         return super().build_model(args, task)
 
     @classmethod
@@ -146,14 +141,10 @@ def default_sizes(args, side, layers, dim, ffn, heads):
         setattr(args, f"{side}_{key}", safe_getattr(args, f"{side}_{key}", value))
 
 
-def _fasttrees_defaults(args, chunk_size=8, master="ffn"):
-    args.chunk_size = safe_getattr(args, "chunk_size", chunk_size)
-    args.fasttrees_master = safe_getattr(args, "fasttrees_master", master)
-    args.master_hidden_dim = safe_getattr(args, "master_hidden_dim", 0)
-    args.conv_kernel_size = safe_getattr(args, "conv_kernel_size", 3)
-    args.conv_dilation = safe_getattr(args, "conv_dilation", 1)
-    args.fasttrees_no_recurrence = safe_getattr(args, "fasttrees_no_recurrence", False)
-    args.fasttrees_bidirectional = safe_getattr(args, "fasttrees_bidirectional", False)
+def _fasttrees_defaults(args):
+    """Sets each FastTrees flag that ``args`` lacks to its :class:`FastTreesConfig` default."""
+    for name, value in FastTreesConfig.flags(args).items():
+        setattr(args, name, value)
 
 
 @register_model_architecture("fasttrees_transformer", "fasttrees_transformer")

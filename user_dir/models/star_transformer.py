@@ -27,56 +27,30 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 from fairseq import utils
-from fairseq.dataclass import ChoiceEnum, FairseqDataclass
+from fairseq.dataclass import ChoiceEnum
 from fairseq.models import FairseqEncoder, FairseqEncoderModel, register_model, register_model_architecture
 from torch import nn
 
 from ..fairseq_fixes import building_from_checkpoint
-from ..modules.star_transformer_layer import StarTransformer, StarTransformerOptions
+from ..modules.star_transformer_layer import FASTNLP, StarTransformer, StarTransformerOptions
 from ..tasks.kinds import check_task_kind
 
 logger = logging.getLogger(__name__)
 
-ACTIVATION_CHOICES = ChoiceEnum(["relu", "leaky_relu"])
 ENCODER_CHOICES = ChoiceEnum(["star", "transformer"])
-NORM_CHOICES = ChoiceEnum(["post", "pre"])
 POOLING_CHOICES = ChoiceEnum(["sum", "mean"])
 NLI_FEATURE_CHOICES = ChoiceEnum(["paper", "mult"])
 
 
 @dataclass
-class StarTransformerConfig(FairseqDataclass):
+class StarTransformerConfig(StarTransformerOptions):
+    """The Star-Transformer stack's options (:class:`StarTransformerOptions`), then the embeddings and heads."""
+
     encoder_type: ENCODER_CHOICES = field(default="star", metadata={
         "help": "star, or 'transformer': fairseq's TransformerEncoder of equal d/heads/layers (FFN "
                 "--encoder-ffn-embed-dim, default 4d) behind the same heads, as a baseline"})
-    encoder_embed_dim: int = field(default=300, metadata={"help": "hidden size d of satellites and relay"})
     word_embed_dim: int = field(default=0, metadata={
         "help": "word-vector size; 0 = encoder_embed_dim, otherwise a linear map to d (fastNLP StarTransEnc)"})
-    encoder_layers: int = field(default=2, metadata={"help": "T, number of update cycles (separate parameters)"})
-    encoder_attention_heads: int = field(default=6, metadata={"help": "attention heads"})
-    encoder_head_dim: int = field(default=0, metadata={"help": "per-head size; 0 = d / heads (fastNLP: 50)"})
-    encoder_ffn_embed_dim: int = field(default=0, metadata={"help": "FFN sub-layer size; 0 = none (paper)"})
-    max_positions: int = field(default=512, metadata={"help": "size of the learned position table"})
-    dropout: float = field(default=0.1, metadata={"help": "embedding and block-output dropout"})
-    attention_dropout: float = field(default=0.0, metadata={"help": "dropout on attention weights"})
-    star_block_dropout: float = field(default=-1.0, metadata={
-        "help": "dropout on each Star block's output before its norm; < 0: --dropout (Tencent's code), "
-                "0: embedding dropout only (fastNLP)"})
-    star_activation: ACTIVATION_CHOICES = field(default="relu", metadata={"help": "relu (paper) or leaky_relu (fastNLP)"})
-    star_norm_position: NORM_CHOICES = field(default="post", metadata={"help": "post (paper) or pre (fastNLP)"})
-    star_no_relay_norm: bool = field(default=False, metadata={
-        "help": "no LayerNorm on the relay (fastNLP); the paper normalises it"})
-    star_no_ring_wrap: bool = field(default=False, metadata={
-        "help": "open ring, no first <-> last token link (fastNLP, Tencent); the paper closes the ring"})
-    star_unmasked_ring_pads: bool = field(default=False, metadata={
-        "help": "do not mask padded / missing ring neighbours: zero keys at the ends, pads visible (fastNLP)"})
-    star_unmasked_relay_init: bool = field(default=False, metadata={
-        "help": "s^0 = mean over all positions, pads included (fastNLP); default: over real tokens"})
-    star_residual: bool = field(default=False, metadata={"help": "residual connections (for deeper stacks)"})
-    init_std: float = field(default=0.0, metadata={"help": ">0: N(0, std) init of projections (fastNLP 0.05); 0 = xavier"})
-    layernorm_eps: float = field(default=1e-5)
-    checkpoint_activations: bool = field(default=False, metadata={
-        "help": "recompute each Star cycle in the backward pass (less activation memory, ~1/3 more compute)"})
     pretrained_embeddings: Optional[str] = field(default=None, metadata={
         "help": "GloVe / word2vec text file loaded into the embedding table"})
     freeze_embeddings: bool = field(default=False, metadata={"help": "keep the word embeddings fixed (paper)"})
@@ -171,18 +145,7 @@ class StarTransformerEncoder(FairseqEncoder):
             if cfg.freeze_embeddings:
                 self.embed_tokens.weight.requires_grad = False
             self.input_proj = nn.Linear(wdim, d) if wdim != d else None
-        self.star = StarTransformer(StarTransformerOptions(
-            embed_dim=d, layers=cfg.encoder_layers, attention_heads=cfg.encoder_attention_heads,
-            head_dim=cfg.encoder_head_dim, max_positions=cfg.max_positions, dropout=cfg.dropout,
-            attention_dropout=cfg.attention_dropout,
-            block_dropout=utils.safe_getattr(cfg, "star_block_dropout", -1.0),  # absent in older checkpoints
-            activation=cfg.star_activation,
-            norm_position=cfg.star_norm_position, relay_norm=not cfg.star_no_relay_norm,
-            ring_wrap=not cfg.star_no_ring_wrap, ring_mask_pads=not cfg.star_unmasked_ring_pads,
-            relay_init_mask_pads=not cfg.star_unmasked_relay_init, residual=cfg.star_residual,
-            ffn_dim=cfg.encoder_ffn_embed_dim, init_std=cfg.init_std, layernorm_eps=cfg.layernorm_eps,
-            checkpoint_cycles=cfg.checkpoint_activations,
-        ))
+        self.star = StarTransformer(StarTransformerOptions.of(cfg))  # options older checkpoints lack: defaults
 
     def forward(self, src_tokens=None, src_lengths=None, src_features=None, **kwargs):
         if src_features is not None:
@@ -429,23 +392,18 @@ def star_transformer_tagging(args):
 
 @register_model_architecture("star_transformer", "star_transformer_fastnlp")
 def star_transformer_fastnlp(args):
-    """fastNLP 1.0.1 ``StarTransformer`` semantics (pre-norm, leaky ReLU, open zero-padded ring)."""
-    _set(args, "star_activation", "leaky_relu")
-    _set(args, "star_norm_position", "pre")
-    _set(args, "star_no_relay_norm", True)
-    _set(args, "star_no_ring_wrap", True)
-    _set(args, "star_unmasked_ring_pads", True)
-    _set(args, "star_unmasked_relay_init", True)
-    _set(args, "layernorm_eps", 1e-6)
+    """fastNLP 1.0.1 ``StarTransformer`` semantics (pre-norm, leaky ReLU, open zero-padded ring: ``FASTNLP``),
+    with fastNLP's sentence pooling and initialisation, at the SST sizes."""
+    for name, value in FASTNLP.items():
+        _set(args, name, value)
     _set(args, "sentence_pooling", "mean")
     _set(args, "init_std", 0.05)
-    _set(args, "star_block_dropout", 0.0)
     star_transformer_sst(args)
 
 
 @register_model_architecture("star_transformer", "star_transformer_deep")
 def star_transformer_deep(args):
-    """Deeper stack with the fastNLP author's advice: FFN, residual, small init (issue #267)."""
+    """Deeper stack with the fastNLP author's advice: FFN, residual, small init (fastNLP issue #267)."""
     _set(args, "encoder_layers", 6)
     _set(args, "encoder_ffn_embed_dim", 1200)
     _set(args, "star_residual", True)

@@ -3,8 +3,9 @@
 Paper: Pung & Chan, "FastTrees: Parallel Latent Tree-Induction for Faster
 Sequence Encoding" (arXiv 2111.14031), built on the ordered-neuron gates of
 ON-LSTM (Shen et al., ICLR 2019).  The paper's equations were lost from our
-copy; the prose and the released RNN code fix the design below (see
-``docs/fasttrees.md`` and design notes §5).  Symbols follow ON-LSTM.
+copy, so the design below follows its prose and the released RNN code;
+``docs/fasttrees.md`` ("Decisions") gives each choice the paper leaves open
+and its reason.  Symbols follow ON-LSTM.
 
 Master gates (paper, "master forget gate ... master input gate"), computed in
 parallel from the sublayer input only::
@@ -44,7 +45,7 @@ Syntactic distance (ON-LSTM §4.3 / ``distance_cforget``): ``1 − mean(f̃_t)``
 over the (forward) master units; set :attr:`FastTreesSublayer.record_distance`
 to keep it after a forward pass (see :mod:`user_dir.modules.fasttrees_trees`).
 """
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Dict, Optional
 
 import torch
@@ -54,6 +55,7 @@ from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 from fairseq.incremental_decoding_utils import with_incremental_state
 from fairseq.modules import LayerNorm
 from fairseq.modules.transformer_layer import TransformerDecoderLayerBase, TransformerEncoderLayerBase
+from fairseq.utils import safe_getattr
 from torch import Tensor
 
 MASTER_CHOICES = ChoiceEnum(["ffn", "conv"])
@@ -61,7 +63,8 @@ MASTER_CHOICES = ChoiceEnum(["ffn", "conv"])
 
 @dataclass
 class FastTreesConfig(FairseqDataclass):
-    """Flags of the FastTrees sublayer (shared by every FastTrees model)."""
+    """Flags of the FastTrees sublayer (shared by every FastTrees model); :meth:`of` reads them from a model's
+    flat fairseq args, :meth:`validate` checks them against the model dimension."""
 
     chunk_size: int = field(default=8, metadata={
         "help": "neurons per master unit (ON-LSTM chunk size C); must divide the model dimension"})
@@ -77,33 +80,16 @@ class FastTreesConfig(FairseqDataclass):
     fasttrees_bidirectional: bool = field(default=False, metadata={
         "help": "encoders only: scan half of the cell units right to left (own master hierarchy)"})
 
-
-@dataclass
-class FastTreesOptions:
-    """Validated FastTrees settings, read from flat fairseq args (Namespace/DictConfig)."""
-
-    chunk_size: int = 8
-    master: str = "ffn"
-    master_hidden_dim: int = 0
-    conv_kernel_size: int = 3
-    conv_dilation: int = 1
-    no_recurrence: bool = False
-    bidirectional: bool = False
+    @classmethod
+    def flags(cls, args):
+        """``{flag: value}`` of every FastTrees flag in ``args`` (Namespace, DictConfig or config); a flag that
+        ``args`` lacks or sets to None has its default."""
+        return {f.name: safe_getattr(args, f.name, f.default) for f in fields(cls) if not f.name.startswith("_")}
 
     @classmethod
-    def from_args(cls, args):
-        d = FastTreesConfig()
-
-        def get(name):
-            value = getattr(args, name, None)
-            return getattr(d, name) if value is None else value
-
-        return cls(
-            chunk_size=int(get("chunk_size")), master=str(get("fasttrees_master")),
-            master_hidden_dim=int(get("master_hidden_dim")), conv_kernel_size=int(get("conv_kernel_size")),
-            conv_dilation=int(get("conv_dilation")), no_recurrence=bool(get("fasttrees_no_recurrence")),
-            bidirectional=bool(get("fasttrees_bidirectional")),
-        )
+    def of(cls, args):
+        """The FastTrees settings in ``args`` (see :meth:`flags`), each of its field's type."""
+        return cls(**{name: type(getattr(cls, name))(value) for name, value in cls.flags(args).items()})
 
     def validate(self, embed_dim, bidirectional):
         """Raises ``ValueError`` naming the offending flag."""
@@ -115,11 +101,11 @@ class FastTreesOptions:
             raise ValueError(
                 f"--fasttrees-bidirectional needs an even number of master units, but model dimension {embed_dim} "
                 f"/ --chunk-size {self.chunk_size} = {embed_dim // self.chunk_size}")
-        if self.master not in ("ffn", "conv"):
-            raise ValueError(f"--fasttrees-master must be 'ffn' or 'conv', got {self.master!r}")
-        if self.master == "conv" and self.conv_kernel_size < 1:
+        if self.fasttrees_master not in ("ffn", "conv"):
+            raise ValueError(f"--fasttrees-master must be 'ffn' or 'conv', got {self.fasttrees_master!r}")
+        if self.fasttrees_master == "conv" and self.conv_kernel_size < 1:
             raise ValueError(f"--conv-kernel-size must be >= 1, got {self.conv_kernel_size}")
-        if self.master == "conv" and self.conv_dilation < 1:
+        if self.fasttrees_master == "conv" and self.conv_dilation < 1:
             raise ValueError(f"--conv-dilation must be >= 1, got {self.conv_dilation}")
         if self.master_hidden_dim < 0:
             raise ValueError(f"--master-hidden-dim must be >= 0, got {self.master_hidden_dim}")
@@ -240,7 +226,7 @@ class FastTreesSublayer(nn.Module):
     right to left.
     """
 
-    def __init__(self, embed_dim, opts: FastTreesOptions, causal=True, bidirectional=False):
+    def __init__(self, embed_dim, opts: FastTreesConfig, causal=True, bidirectional=False):
         super().__init__()
         if causal and bidirectional:
             raise ValueError("--fasttrees-bidirectional is for encoders only (a decoder must be causal)")
@@ -251,7 +237,7 @@ class FastTreesSublayer(nn.Module):
         self.ndir = 2 if bidirectional else 1
         hidden = opts.master_hidden_dim or max(1, embed_dim // 2)
         self.master_hidden = hidden
-        if opts.master == "conv":
+        if opts.fasttrees_master == "conv":
             # F_f, F_i: causal conv (both gates' channels in one Conv1d) + one position-wise layer each
             self.conv_window = (opts.conv_kernel_size - 1) * opts.conv_dilation
             self.master_in = nn.Conv1d(embed_dim, 2 * hidden, opts.conv_kernel_size, dilation=opts.conv_dilation)
@@ -337,7 +323,7 @@ class FastTreesSublayer(nn.Module):
         if pad is not None:  # pads are identities of the recurrence
             b = b.masked_fill(pad, 0.0)
             f_hat = f_hat.masked_fill(pad, 1.0)
-        if self.opts.no_recurrence:
+        if self.opts.fasttrees_no_recurrence:
             c = b
         else:
             c = self._recur(f_hat, b, incremental_state)
@@ -407,7 +393,7 @@ class FastTreesEncoderLayer(_FastTreesBlockMixin, TransformerEncoderLayerBase):
         super().__init__(cfg, return_fc=return_fc)
         if return_fc:
             raise ValueError("FastTrees encoder layers do not support return_fc")
-        self._build_fasttrees(cfg, causal=False, bidirectional=cfg.fasttrees.bidirectional)
+        self._build_fasttrees(cfg, causal=False, bidirectional=cfg.fasttrees.fasttrees_bidirectional)
 
     def forward(self, x, encoder_padding_mask: Optional[Tensor], attn_mask: Optional[Tensor] = None):
         if attn_mask is not None:

@@ -124,17 +124,57 @@ def leaves(tree):
     return [tree] if not isinstance(tree, list) else [w for t in tree for w in leaves(t)]
 
 
+def read_treebank(path):
+    """Gold nested-list trees of every sentence in the treebank zip (or a directory of .mrg files).
+
+    An unreadable ``path`` or one without ``.mrg`` trees exits (``SystemExit``) with a message naming it.
+    """
+    import os
+    import zipfile
+
+    texts = []
+    if os.path.isdir(path):
+        for name in sorted(os.listdir(path)):
+            if name.endswith(".mrg"):
+                with open(os.path.join(path, name), encoding="utf-8") as f:
+                    texts.append(f.read())
+    elif zipfile.is_zipfile(path):
+        with zipfile.ZipFile(path) as z:
+            names = sorted(n for n in z.namelist() if n.startswith("treebank/combined/") and n.endswith(".mrg"))
+            texts = [z.read(n).decode("utf-8") for n in names]
+    else:
+        raise SystemExit(f"--treebank {path}: neither a treebank zip nor a directory of .mrg files")
+    if not texts:
+        raise SystemExit(f"--treebank {path}: no .mrg trees found")
+    trees = []
+    for text in texts:
+        for node in parse_sexpr(text):
+            tree = gold_tree(node)
+            if tree is not None:
+                trees.append(tree)
+    return trees
+
+
 # --------------------------------------------------------------------------- distances from a model
 @torch.no_grad()
 def layer_distances(model, tokens):
     """Syntactic distances (n_layers, B, T) of every FastTrees layer for ``tokens`` (B, T).
 
-    Works for ``fasttrees_transformer_lm`` (decoder), ``fasttrees_roberta`` and
-    the encoder of ``fasttrees_transformer``; raises ``ValueError`` for a
-    model without FastTrees layers.
+    Works for ``fasttrees_transformer_lm`` (decoder), ``fasttrees_roberta``, the
+    encoder of ``fasttrees_transformer`` and the recurrent language models
+    ``fasttrees_lstm_lm`` and ``onlstm_lm``; raises ``ValueError`` for a model
+    without master gates.
     """
     from fairseq.models import FairseqEncoderDecoderModel
 
+    if hasattr(model, "syntactic_distances"):  # the recurrent cells (onlstm_lm, fasttrees_lstm_lm)
+        was_training = model.training
+        model.eval()
+        try:
+            with torch.no_grad():
+                return model.syntactic_distances(tokens)
+        finally:
+            model.train(was_training)
     net = model.encoder if isinstance(model, FairseqEncoderDecoderModel) else model
     modules = fasttrees_modules(net)
     was_training = model.training
@@ -202,7 +242,8 @@ def load_model(path, data=None):
     overrides = {"data": data} if data else {}
     models, _cfg, task = checkpoint_utils.load_model_ensemble_and_task([path], arg_overrides=overrides)
     model = models[0]
-    fasttrees_modules(model)  # clear error for a model without FastTrees layers
+    if not hasattr(model, "syntactic_distances"):
+        fasttrees_modules(model)  # clear error for a model without FastTrees layers
     return model.eval(), task.source_dictionary
 
 

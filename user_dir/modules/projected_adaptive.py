@@ -5,7 +5,7 @@ Parameterised exactly as the official code (``AdaptiveEmbedding`` and
 map one-to-one to the reference checkpoints.  fairseq's own
 ``AdaptiveInput``/``AdaptiveSoftmax`` (Baevski & Auli) cannot be reused:
 they scale per band, project differently and order the tail clusters
-differently (design notes, REFERENCE.md §3.6).
+differently, so the reference weights would not map onto them.
 
 The vocabulary is split by ``cutoffs`` into a head ``[0, c0)`` and tail
 clusters ``[c_{i-1}, c_i)``.  Cluster ``i`` has dimension

@@ -8,31 +8,35 @@ Paper, Sec. 2 ("Implementation"/"Update") and Algorithm 1::
         h_i^t = LayerNorm(ReLU(MultiAtt(h_i^{t-1}, C_i^t)))   # (1) satellites, all i in parallel
         s^t   = LayerNorm(ReLU(MultiAtt(s^{t-1}, [s^{t-1}; H^t])))  # (2) relay, uses the new H^t
 
-Where this module sits among the readings (design notes REFERENCE.md §1):
+The paper and the two public implementations (fastNLP, Tencent's NeuralClassifier) differ in the details
+below; each is an option here (a field of :class:`StarTransformerOptions`, the fairseq flag of the same
+name), so that either implementation can be reproduced:
 
-* **Ring** (``ring_wrap``): the paper says "the first and last nodes are also connected"
+* **Ring** (``star_no_ring_wrap``): the paper says "the first and last nodes are also connected"
   (Sec. 2, ring connections), so the default closes the ring — *per sentence*: the first
   real token's left neighbour is the sentence's last real token, whatever the padding.
-  fastNLP and Tencent's NeuralClassifier do not wrap (``ring_wrap=False``).
-* **Padded / missing neighbours** (``ring_mask_pads``): by default a neighbour that is
+  fastNLP and Tencent's NeuralClassifier do not wrap (``star_no_ring_wrap=True``).
+* **Padded / missing neighbours** (``star_unmasked_ring_pads``): by default a neighbour that is
   padding (or beyond the ends of an open ring) gets score −inf, so a sentence's outputs
-  do not depend on the batch it is in.  ``False`` reproduces fastNLP: the ends of the
+  do not depend on the batch it is in.  ``True`` reproduces fastNLP: the ends of the
   sequence see a zero key/value (score 0, value 0, still taking softmax mass) and pad
   satellites are ordinary neighbours.
-* **Norm placement** (``norm_position``): ``post`` = paper, LN(act(MultiAtt(h, C)));
+* **Norm placement** (``star_norm_position``): ``post`` = paper, LN(act(MultiAtt(h, C)));
   ``pre`` = fastNLP, act(MultiAtt(LN(h), C)) with LN on the query and the ring keys only.
-* **Relay norm** (``relay_norm``): paper yes, fastNLP no.
-* **Activation**: ``relu`` (paper) or ``leaky_relu`` (fastNLP, slope 0.01).
-* **Relay initialisation** (``relay_init_mask_pads``): s^0 is the mean over the real tokens
+* **Relay norm** (``star_no_relay_norm``): paper yes, fastNLP no.
+* **Activation** (``star_activation``): ``relu`` (paper) or ``leaky_relu`` (fastNLP, slope 0.01).
+* **Relay initialisation** (``star_unmasked_relay_init``): s^0 is the mean over the real tokens
   (default) or over all positions including padding (fastNLP).
-* **Deeper stacks** (fastNLP issue #267, the first author's advice): ``residual``,
-  ``ffn_dim`` (> 0 adds a position-wise FFN sub-layer to satellites and relay) and
+* **Deeper stacks** (fastNLP issue #267, the first author's advice): ``star_residual``,
+  ``encoder_ffn_embed_dim`` (> 0 adds a position-wise FFN sub-layer to satellites and relay) and
   ``init_std`` (> 0: all projections ~ N(0, init_std), biases 0; fastNLP uses 0.05).
-* **Dropout** (``block_dropout``): the paper does not say where; Tencent's code drops each
+* **Dropout** (``star_block_dropout``): the paper does not say where; Tencent's code drops each
   block's activation output before the LayerNorm (default: the ``dropout`` rate), fastNLP
-  only the input embeddings (``block_dropout=0``).
-* Heads: ``head_dim`` may differ from ``d / heads`` (fastNLP's 1×1-conv projections map
+  only the input embeddings (``star_block_dropout=0``).
+* Heads: ``encoder_head_dim`` may differ from ``d / heads`` (fastNLP's 1×1-conv projections map
   d → heads·head_dim), default ``d // heads``.
+
+:data:`FASTNLP` holds the settings that reproduce fastNLP 1.0.1's ``StarTransformer``.
 
 Cost (paper, "Comparison to the standard Transformer"): O(5nd) for the ring, O(nd) for the
 relay.  The ring attention projects K and V once per step and reads the neighbours by
@@ -49,50 +53,72 @@ B x n x H x 5 probabilities, and recomputes the five projections q, k, v, k(e), 
 the backward pass — five extra n x d x d products per cycle instead of keeping six n x d
 tensors.  A cycle then keeps about 2 n·d values (the activation output and the normed
 output) against ~8 n·d through plain autograd (``RingAttention.fused = False``, kept as the
-reference implementation).  ``checkpoint_cycles`` recomputes each whole cycle during the
+reference implementation).  ``checkpoint_activations`` recomputes each whole cycle during the
 backward pass, keeping only the cycle inputs (about one n x d tensor per cycle).
 """
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
 from typing import Optional
 
 import torch
 import torch.nn.functional as F
+from fairseq.dataclass import ChoiceEnum, FairseqDataclass
+from fairseq.utils import safe_getattr
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+ACTIVATION_CHOICES = ChoiceEnum(["relu", "leaky_relu"])
+NORM_CHOICES = ChoiceEnum(["post", "pre"])
+
 
 @dataclass
-class StarTransformerOptions:
-    """Hyper-parameters of :class:`StarTransformer` (names mirror the fairseq flags)."""
+class StarTransformerOptions(FairseqDataclass):
+    """Hyper-parameters of :class:`StarTransformer`: the fairseq flags of the Star-Transformer stack
+    (``--encoder-embed-dim`` ...; the model's config extends them)."""
 
-    embed_dim: int = 300
-    layers: int = 2
-    attention_heads: int = 6
-    head_dim: int = 0  # 0: embed_dim // attention_heads
-    max_positions: int = 512  # 0: no position embeddings
-    dropout: float = 0.1  # embedding dropout and block-output dropout
-    block_dropout: float = -1.0  # dropout on each block's output; < 0: = dropout (Tencent), 0: fastNLP
-    attention_dropout: float = 0.0
-    activation: str = "relu"  # relu (paper) | leaky_relu (fastNLP)
-    norm_position: str = "post"  # post (paper) | pre (fastNLP)
-    relay_norm: bool = True
-    ring_wrap: bool = True
-    ring_mask_pads: bool = True
-    relay_init_mask_pads: bool = True
-    residual: bool = False
-    ffn_dim: int = 0
-    init_std: float = 0.0
-    layernorm_eps: float = 1e-5
-    checkpoint_cycles: bool = False  # recompute each cycle in the backward pass (activation memory ~ 1 n*d/cycle)
+    encoder_embed_dim: int = field(default=300, metadata={"help": "hidden size d of satellites and relay"})
+    encoder_layers: int = field(default=2, metadata={"help": "T, number of update cycles (separate parameters)"})
+    encoder_attention_heads: int = field(default=6, metadata={"help": "attention heads"})
+    encoder_head_dim: int = field(default=0, metadata={"help": "per-head size; 0 = d / heads (fastNLP: 50)"})
+    encoder_ffn_embed_dim: int = field(default=0, metadata={"help": "FFN sub-layer size; 0 = none (paper)"})
+    max_positions: int = field(default=512, metadata={"help": "size of the learned position table"})
+    dropout: float = field(default=0.1, metadata={"help": "embedding and block-output dropout"})
+    attention_dropout: float = field(default=0.0, metadata={"help": "dropout on attention weights"})
+    star_block_dropout: float = field(default=-1.0, metadata={
+        "help": "dropout on each Star block's output before its norm; < 0: --dropout (Tencent's code), "
+                "0: embedding dropout only (fastNLP)"})
+    star_activation: ACTIVATION_CHOICES = field(default="relu", metadata={"help": "relu (paper) or leaky_relu (fastNLP)"})
+    star_norm_position: NORM_CHOICES = field(default="post", metadata={"help": "post (paper) or pre (fastNLP)"})
+    star_no_relay_norm: bool = field(default=False, metadata={
+        "help": "no LayerNorm on the relay (fastNLP); the paper normalises it"})
+    star_no_ring_wrap: bool = field(default=False, metadata={
+        "help": "open ring, no first <-> last token link (fastNLP, Tencent); the paper closes the ring"})
+    star_unmasked_ring_pads: bool = field(default=False, metadata={
+        "help": "do not mask padded / missing ring neighbours: zero keys at the ends, pads visible (fastNLP)"})
+    star_unmasked_relay_init: bool = field(default=False, metadata={
+        "help": "s^0 = mean over all positions, pads included (fastNLP); default: over real tokens"})
+    star_residual: bool = field(default=False, metadata={"help": "residual connections (for deeper stacks)"})
+    init_std: float = field(default=0.0, metadata={"help": ">0: N(0, std) init of projections (fastNLP 0.05); 0 = xavier"})
+    layernorm_eps: float = field(default=1e-5)
+    checkpoint_activations: bool = field(default=False, metadata={
+        "help": "recompute each Star cycle in the backward pass (less activation memory, ~1/3 more compute)"})
+
+    @classmethod
+    def of(cls, cfg):
+        """The options in ``cfg`` (these options, a model config, a DictConfig or a Namespace); one it lacks
+        (a checkpoint older than the option) or sets to None takes its default."""
+        return cls(**{f.name: safe_getattr(cfg, f.name, f.default) for f in fields(cls) if not f.name.startswith("_")})
 
     @classmethod
     def fastnlp(cls, **kw):
-        """Flags that reproduce fastNLP 1.0.1 ``StarTransformer`` exactly."""
-        base = dict(activation="leaky_relu", norm_position="pre", relay_norm=False, ring_wrap=False,
-                    ring_mask_pads=False, relay_init_mask_pads=False, layernorm_eps=1e-6,
-                    attention_dropout=0.0, block_dropout=0.0)
-        base.update(kw)
-        return cls(**base)
+        """The options that reproduce fastNLP 1.0.1 ``StarTransformer`` exactly (:data:`FASTNLP`), then ``kw``."""
+        return cls(**{**FASTNLP, **kw})
+
+
+# fastNLP 1.0.1's StarTransformer: leaky ReLU, pre-norm, no relay norm, open ring with zero-padded ends and
+# visible pads, relay initialised over all positions, eps 1e-6, no attention or block dropout
+FASTNLP = dict(star_activation="leaky_relu", star_norm_position="pre", star_no_relay_norm=True,
+               star_no_ring_wrap=True, star_unmasked_ring_pads=True, star_unmasked_relay_init=True,
+               layernorm_eps=1e-6, attention_dropout=0.0, star_block_dropout=0.0)
 
 
 ACTIVATIONS = {"relu": F.relu, "leaky_relu": F.leaky_relu}
@@ -581,31 +607,32 @@ class StarTransformerCycle(nn.Module):
     def __init__(self, o: StarTransformerOptions, head_dim):
         super().__init__()
         self.o = o
-        d = o.embed_dim
-        self.block_dropout = o.dropout if o.block_dropout < 0 else o.block_dropout
-        self.act = ACTIVATIONS[o.activation]
-        self.ring_attn = RingAttention(d, o.attention_heads, head_dim, o.attention_dropout)
-        self.relay_attn = RelayAttention(d, o.attention_heads, head_dim, o.attention_dropout)
+        d = o.encoder_embed_dim
+        self.block_dropout = o.dropout if o.star_block_dropout < 0 else o.star_block_dropout
+        self.act = ACTIVATIONS[o.star_activation]
+        self.ring_attn = RingAttention(d, o.encoder_attention_heads, head_dim, o.attention_dropout)
+        self.relay_attn = RelayAttention(d, o.encoder_attention_heads, head_dim, o.attention_dropout)
         self.ring_norm = nn.LayerNorm(d, eps=o.layernorm_eps)
-        self.relay_norm = nn.LayerNorm(d, eps=o.layernorm_eps) if o.relay_norm else None
-        if o.ffn_dim > 0:
-            self.ring_ffn, self.relay_ffn = _FFN(d, o.ffn_dim, self.act), _FFN(d, o.ffn_dim, self.act)
+        self.relay_norm = nn.LayerNorm(d, eps=o.layernorm_eps) if not o.star_no_relay_norm else None
+        ffn_dim = o.encoder_ffn_embed_dim
+        if ffn_dim > 0:
+            self.ring_ffn, self.relay_ffn = _FFN(d, ffn_dim, self.act), _FFN(d, ffn_dim, self.act)
             self.ring_ffn_norm = nn.LayerNorm(d, eps=o.layernorm_eps)
-            self.relay_ffn_norm = nn.LayerNorm(d, eps=o.layernorm_eps) if o.relay_norm else None
+            self.relay_ffn_norm = nn.LayerNorm(d, eps=o.layernorm_eps) if not o.star_no_relay_norm else None
         else:
             self.ring_ffn = self.relay_ffn = None
 
     def _block(self, x, norm, fn):
         """act(f(.)) with the configured norm placement, dropout and optional residual."""
-        pre, post = self.o.norm_position == "pre", self.o.norm_position == "post"
+        pre, post = self.o.star_norm_position == "pre", self.o.star_norm_position == "post"
         y = fn(norm(x) if (pre and norm is not None) else x)
         y = F.dropout(self.act(y), self.block_dropout, self.training)
-        if self.o.residual:
+        if self.o.star_residual:
             y = x + y
         return norm(y) if (post and norm is not None) else y
 
     def _ffn(self, x, ffn, norm):
-        pre, post = self.o.norm_position == "pre", self.o.norm_position == "post"
+        pre, post = self.o.star_norm_position == "pre", self.o.star_norm_position == "post"
         y = F.dropout(ffn(norm(x) if (pre and norm is not None) else x), self.block_dropout, self.training)
         y = x + y
         return norm(y) if (post and norm is not None) else y
@@ -633,19 +660,21 @@ class StarTransformer(nn.Module):
     H^T (B, n, d) with padding zeroed, and s^T (B, d).
     """
 
-    def __init__(self, options: StarTransformerOptions):
+    def __init__(self, options):
+        """``options``: :class:`StarTransformerOptions` or a config holding them (:meth:`StarTransformerOptions.of`)."""
         super().__init__()
-        o = self.options = options
-        if o.activation not in ACTIVATIONS:
-            raise ValueError(f"--star-activation must be one of {sorted(ACTIVATIONS)}, got {o.activation!r}")
-        if o.norm_position not in ("pre", "post"):
-            raise ValueError(f"--star-norm-position must be 'pre' or 'post', got {o.norm_position!r}")
-        head_dim = o.head_dim or o.embed_dim // o.attention_heads
+        o = self.options = StarTransformerOptions.of(options)
+        if o.star_activation not in ACTIVATIONS:
+            raise ValueError(f"--star-activation must be one of {sorted(ACTIVATIONS)}, got {o.star_activation!r}")
+        if o.star_norm_position not in ("pre", "post"):
+            raise ValueError(f"--star-norm-position must be 'pre' or 'post', got {o.star_norm_position!r}")
+        d, heads = o.encoder_embed_dim, o.encoder_attention_heads
+        head_dim = o.encoder_head_dim or d // heads
         if head_dim <= 0:
-            raise ValueError(f"head dim must be positive (embed_dim={o.embed_dim}, heads={o.attention_heads})")
+            raise ValueError(f"head dim must be positive (embed_dim={d}, heads={heads})")
         self.head_dim = head_dim
-        self.embed_positions = nn.Embedding(o.max_positions, o.embed_dim) if o.max_positions > 0 else None
-        self.cycles = nn.ModuleList([StarTransformerCycle(o, head_dim) for _ in range(o.layers)])
+        self.embed_positions = nn.Embedding(o.max_positions, d) if o.max_positions > 0 else None
+        self.cycles = nn.ModuleList([StarTransformerCycle(o, head_dim) for _ in range(o.encoder_layers)])
         self.reset_parameters()
 
     def reset_parameters(self):
@@ -690,15 +719,15 @@ class StarTransformer(nn.Module):
                         f"(e.g. --shorten-method truncate)")
             x = x + self.embed_positions(pos)
         emb = F.dropout(x, o.dropout, self.training)  # e_i of the context C_i
-        if pad_mask is not None and o.relay_init_mask_pads:
+        if pad_mask is not None and not o.star_unmasked_relay_init:
             real = (~pad_mask).unsqueeze(-1).to(emb.dtype)
             relay = (emb * real).sum(1, keepdim=True) / real.sum(1, keepdim=True).clamp(min=1)
         else:
             relay = emb.mean(1, keepdim=True)  # s^0 = average(E)
-        ring = _Ring(pad_mask, B, n, x.device, o.ring_wrap, o.ring_mask_pads)
+        ring = _Ring(pad_mask, B, n, x.device, not o.star_no_ring_wrap, not o.star_unmasked_ring_pads)
         nodes = emb
         for cycle in self.cycles:
-            if o.checkpoint_cycles and self.training and torch.is_grad_enabled():
+            if o.checkpoint_activations and self.training and torch.is_grad_enabled():
                 nodes, relay = checkpoint(cycle, nodes, relay, emb, pad_mask, ring, use_reentrant=False)
             else:
                 nodes, relay = cycle(nodes, relay, emb, pad_mask, ring)
