@@ -76,7 +76,7 @@ class SentencePairClassificationTask(SentencePredictionTask):
         model = models.build_model(cfg, self, from_checkpoint)
         if not hasattr(model, "register_classification_head"):
             raise ValueError("sentence_pair_classification needs a model with classification heads "
-                             "(--arch star_transformer*)")
+                             "(--arch star_transformer*, onlstm_classifier*, fasttrees_lstm_classifier*)")
         model.register_classification_head(self.cfg.classification_head_name, num_classes=self.cfg.num_classes,
                                            input_multiplier=4)
         return model

@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# Propositional-logic inference with the recurrent models (the FastTrees paper's Table 2 setup): train on formulas
+# with <= 6 operators, accuracy per operator count 1-12; siamese encoders (each formula encoded alone, MLP on
+# [u; v; u*v; |u-v|]), one (arch, seed) per call, the same data, batch, schedule and stopping rule for every arch.
+#   benchmarks/fasttrees/logic_lstm.sh ARCH SEED [WORK]
+# ARCH: onlstm_classifier_logic | fasttrees_lstm_classifier_logic | fasttrees_lstm_classifier_conv_logic (the presets:
+# one layer, embedding 128, hidden 400, chunk 10, dropout 0.2; SIZE_FLAGS adds or overrides flags for every arch).
+# Training: Adam lr LR (1e-3), clip 1.0, batch BATCH (128); validation accuracy (the 10% held out) after every
+# epoch; stops when it has not improved for PATIENCE (5) epochs or after MAX_EPOCH (50); checkpoint_best.pt is
+# scored on test_ops1..test_ops12.  Brackets are kept (without them many labels are ambiguous).
+# Resumable: run the same command again (fairseq-train continues from WORK's checkpoint_last.pt; a finished
+# training, WORK/train.done, is not repeated).  Writes WORK/result.json and upserts its row in RESULTS
+# (default benchmarks/fasttrees/results/logic_lstm.json).
+source "$(dirname "$0")/../../examples/fasttrees/common.sh"
+shopt -s inherit_errexit
+ARCH=${1:?usage: logic_lstm.sh ARCH SEED [WORK]}
+SEED=${2:?usage: logic_lstm.sh ARCH SEED [WORK]}
+case "$ARCH" in
+  onlstm_classifier_logic | fasttrees_lstm_classifier_logic | fasttrees_lstm_classifier_conv_logic) ;;
+  *) echo "logic_lstm: ARCH must be onlstm_classifier_logic, fasttrees_lstm_classifier_logic or" \
+          "fasttrees_lstm_classifier_conv_logic, got '$ARCH'" >&2; exit 2 ;;
+esac
+LOGIC=${LOGIC:-$SHARED/propositionallogic}
+DATA=${DATA:-benchmarks/work/logic_lstm_bin}
+WORK=${3:-benchmarks/work/logic_lstm/${ARCH}_s$SEED}
+LR=${LR:-1e-3}
+BATCH=${BATCH:-128}
+PATIENCE=${PATIENCE:-5}
+MAX_EPOCH=${MAX_EPOCH:-50}
+MAX_TRAIN=${MAX_TRAIN:-0}
+RESULTS=${RESULTS-benchmarks/fasttrees/results/logic_lstm.json}
+read -r -a SIZE <<< "${SIZE_FLAGS:-}"
+if [ ! -f "$DATA/label/dict.txt" ]; then
+  "$PY" preprocess/propositionallogic_prepare.py --data "$LOGIC" --dest "$DATA" --train-max-ops 6 --keep-brackets \
+    --max-train "$MAX_TRAIN"
+fi
+TASK=(--task sentence_pair_classification --num-classes 7 --max-positions 1024 --criterion sentence_prediction)
+mkdir -p "$WORK"
+if [ ! -f "$WORK/train.done" ]; then
+  start=$(date +%s)
+  "$BIN/fairseq-train" "$DATA" --user-dir user_dir "${TASK[@]}" --arch "$ARCH" "${SIZE[@]}" \
+    --optimizer adam --lr "$LR" --clip-norm 1.0 --batch-size "$BATCH" --max-epoch "$MAX_EPOCH" \
+    --patience "$PATIENCE" --best-checkpoint-metric accuracy --maximize-best-checkpoint-metric \
+    --save-dir "$WORK/checkpoints" --no-epoch-checkpoints --seed "$SEED" --num-workers 0 --cpu \
+    --log-format simple --log-interval 100 >> "$WORK/train.log" 2>&1
+  echo $(( $(date +%s) - start )) >> "$WORK/train_seconds"
+  touch "$WORK/train.done"
+fi
+SUBSETS=$(echo test_ops{1..12} | tr ' ' ',')
+"$BIN/fairseq-validate" "$DATA" --user-dir user_dir "${TASK[@]}" --path "$WORK/checkpoints/checkpoint_best.pt" \
+  --valid-subset "$SUBSETS" --batch-size 256 --cpu --num-workers 0 > "$WORK/validate.txt" 2>&1
+"$PY" benchmarks/fasttrees/logic_rows.py --work "$WORK" --arch "$ARCH" --seed "$SEED" --max-epoch "$MAX_EPOCH" \
+  --command "benchmarks/fasttrees/logic_lstm.sh $ARCH $SEED" ${SIZE_FLAGS:+--size-flags "$SIZE_FLAGS"} \
+  ${RESULTS:+--results "$RESULTS"}

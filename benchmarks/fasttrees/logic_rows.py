@@ -1,0 +1,81 @@
+#!/usr/bin/env python
+"""One finished run of ``benchmarks/fasttrees/logic_lstm.sh`` as a result row.
+
+Reads the run's ``train.log`` (fairseq's simple log: updates, epochs, validation accuracies, whether
+``--patience`` stopped it) and ``validate.txt`` (``fairseq-validate`` on ``test_ops1`` … ``test_ops12``), writes
+``WORK/result.json`` and, with ``--results``, replaces the row of the same (arch, seed, size flags) in that JSON
+list (created if absent).  A run that stopped neither by ``--patience`` nor at ``--max-epoch`` was cut off: no
+row.
+"""
+import argparse
+import json
+import os
+import re
+import sys
+
+
+def parse_train_log(path):
+    """(updates, epochs, validation accuracies in order, stopped early) of a fairseq-train log."""
+    with open(path, encoding="utf-8") as f:
+        text = f.read()
+    valid = [(int(e), float(a), int(u)) for e, a, u in re.findall(
+        r"epoch (\d+) \| valid on 'valid' subset \|.*?\| accuracy ([\d.]+) \|.*?num_updates (\d+)", text)]
+    if not valid:
+        raise SystemExit(f"logic_rows: {path} holds no validation line; did training run?")
+    early = "early stop since valid performance hasn't improved" in text
+    return valid[-1][2], valid[-1][0], [a for _, a, _ in valid], early
+
+
+def parse_validate(path):
+    """{operator count: test accuracy (%)} from fairseq-validate's output."""
+    with open(path, encoding="utf-8") as f:
+        found = re.findall(r"valid on 'test_ops(\d+)' subset \|.*?\| accuracy ([\d.]+)", f.read())
+    if len(found) != 12:
+        raise SystemExit(f"logic_rows: {path} has accuracies for {len(found)} of the 12 test sets")
+    return {int(ops): float(acc) for ops, acc in found}
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--work", required=True)
+    p.add_argument("--arch", required=True)
+    p.add_argument("--seed", type=int, required=True)
+    p.add_argument("--max-epoch", type=int, required=True)
+    p.add_argument("--size-flags", default="")
+    p.add_argument("--command", required=True)
+    p.add_argument("--results", default=None)
+    args = p.parse_args(argv)
+    updates, epochs, valid, early = parse_train_log(os.path.join(args.work, "train.log"))
+    if not early and epochs < args.max_epoch:
+        raise SystemExit(f"logic_rows: {args.work} stopped at epoch {epochs}, neither by --patience nor at "
+                         f"--max-epoch {args.max_epoch}: an interrupted run (run the command again)")
+    seconds = None
+    if os.path.exists(os.path.join(args.work, "train_seconds")):
+        with open(os.path.join(args.work, "train_seconds")) as f:
+            seconds = sum(int(x) for x in f.read().split())
+    by_ops = parse_validate(os.path.join(args.work, "validate.txt"))
+    row = {"arch": args.arch, "seed": args.seed, "size_flags": args.size_flags, "updates": updates,
+           "epochs": epochs, "converged": early, "best_valid_accuracy": max(valid),
+           "accuracy_by_ops": by_ops, "accuracy_ops_1_6": sum(by_ops[k] for k in range(1, 7)) / 6,
+           "accuracy_ops_7_12": sum(by_ops[k] for k in range(7, 13)) / 6, "train_seconds": seconds,
+           "command": args.command + (f" (SIZE_FLAGS='{args.size_flags}')" if args.size_flags else "")}
+    with open(os.path.join(args.work, "result.json"), "w") as f:
+        json.dump(row, f, indent=1)
+    if args.results:
+        rows = []
+        if os.path.exists(args.results):
+            with open(args.results) as f:
+                rows = json.load(f)
+        key = (row["arch"], row["seed"], row["size_flags"])
+        rows = [r for r in rows if (r["arch"], r["seed"], r["size_flags"]) != key] + [row]
+        rows.sort(key=lambda r: (r["size_flags"], r["arch"], r["seed"]))
+        os.makedirs(os.path.dirname(os.path.abspath(args.results)), exist_ok=True)
+        with open(args.results + ".tmp", "w") as f:
+            json.dump(rows, f, indent=1)
+            f.write("\n")
+        os.replace(args.results + ".tmp", args.results)
+    print(json.dumps(row))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

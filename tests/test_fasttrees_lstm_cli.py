@@ -1,0 +1,101 @@
+"""The recurrent FastTrees and ON-LSTM models through the real fairseq CLIs: language model train → eval-lm →
+hub sample → parsing F1 (both cells); siamese classifiers on sentence pairs (logic format) train → validate;
+single-sentence classification (SST format) train → checkpoint reload."""
+import json
+import os
+import re
+
+import pytest
+import torch
+
+from tests.helpers import cli
+from tests.test_fasttrees_cli import _fake_logic
+
+COMMON = ["--optimizer", "adam", "--lr", "3e-3", "--max-update", 4, "--cpu", "--num-workers", 0, "--seed", 1,
+          "--no-epoch-checkpoints", "--no-progress-bar", "--log-format", "simple"]
+TINY = ["--embed-dim", 16, "--hidden-size", 24, "--num-layers", 2, "--chunk-size", 4]
+
+
+@pytest.mark.parametrize("arch, extra", [("onlstm_lm", []), ("fasttrees_lstm_lm", ["--master", "conv"])])
+def test_language_model_train_eval_sample_and_parse(arch, extra, toy_lm_bin, tmp_path):
+    save = tmp_path / "lm"
+    cli.fairseq("train", toy_lm_bin, "--task", "language_modeling", "--arch", arch, *TINY, *extra,
+                "--tokens-per-sample", 32, "--batch-size", 8, "--save-dir", save, *COMMON)
+    ckpt = save / "checkpoint_last.pt"
+    out = cli.fairseq("eval-lm", toy_lm_bin, "--path", ckpt, "--cpu", "--max-tokens", 1000,
+                      "--tokens-per-sample", 32)
+    ppl = float(re.findall(r"Perplexity: ([\d.]+)", out.stdout + out.stderr)[-1])
+    assert 1 < ppl < 1000
+
+    from fairseq.models import ARCH_MODEL_REGISTRY
+
+    words = [line.split()[0] for line in open(os.path.join(toy_lm_bin, "dict.txt")).readlines()[:6]]
+    hub = ARCH_MODEL_REGISTRY[arch].from_pretrained(str(save), checkpoint_file="checkpoint_last.pt",
+                                                    data_name_or_path=str(toy_lm_bin))
+    text = hub.sample(" ".join(words[:2]), beam=2, max_len_b=5)
+    assert text.split()[:2] == words[:2] and len(text.split()) > 2
+
+    treebank = tmp_path / "mrg"
+    treebank.mkdir()
+    (treebank / "wsj_0001.mrg").write_text(
+        f"( (S (NP (DT {words[0]}) (NN {words[1]})) (VP (VBD {words[2]}) (NP (NN {words[3]}))) (. .)))\n")
+    table = cli.script("examples/fasttrees/eval_parsing.py", "--path", ckpt, "--treebank", treebank).stdout
+    label = "ON-LSTM" if arch == "onlstm_lm" else "FastTrees"
+    assert f"| {label} layer 0 |" in table and f"| {label} layer 1 |" in table, table
+
+
+@pytest.mark.parametrize("arch", ["onlstm_classifier_logic", "fasttrees_lstm_classifier_conv_logic"])
+def test_siamese_pair_classifier_train_and_validate(arch, tmp_path):
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    _fake_logic(raw)
+    data = tmp_path / "bin"
+    cli.script("preprocess/propositionallogic_prepare.py", "--data", raw, "--dest", data, "--train-max-ops", 2,
+               "--test-ops", "1-3", "--keep-brackets")
+    save = tmp_path / "cls"
+    task = ["--task", "sentence_pair_classification", "--num-classes", 7, "--max-positions", 128]
+    cli.fairseq("train", data, *task, "--criterion", "sentence_prediction", "--arch", arch, "--embed-dim", 16,
+                "--hidden-size", 20, "--batch-size", 16, "--save-dir", save, *COMMON)
+    state = torch.load(save / "checkpoint_last.pt", map_location="cpu", weights_only=False)
+    assert state["model"]["classification_heads.sentence_classification_head.1.weight"].shape == (20, 80)  # [u;v;u∘v;|u−v|]
+    out = cli.fairseq("validate", data, *task, "--criterion", "sentence_prediction", "--path",
+                      save / "checkpoint_last.pt", "--valid-subset", "test_ops3", "--batch-size", 16, "--cpu")
+    log = out.stdout + out.stderr
+    assert "test_ops3" in log and re.search(r"\| accuracy [\d.]+", log), log[-2000:]
+
+
+def test_single_sentence_classifier_train_and_reload(tmp_path):
+    data = cli.make_toy_sst_data(tmp_path, train=80)
+    save = tmp_path / "sst"
+    cli.fairseq("train", data, "--task", "sentence_prediction", "--num-classes", 5, "--criterion",
+                "sentence_prediction", "--arch", "fasttrees_lstm_classifier", *TINY, "--batch-size", 8,
+                "--save-dir", save, *COMMON)
+    out = cli.fairseq("validate", data, "--task", "sentence_prediction", "--num-classes", 5, "--criterion",
+                      "sentence_prediction", "--path", save / "checkpoint_last.pt", "--valid-subset", "valid",
+                      "--batch-size", 8, "--cpu")
+    assert re.search(r"\| accuracy [\d.]+", out.stdout + out.stderr)
+
+
+def test_logic_experiment_script_writes_a_row_per_operator_count(tmp_path):
+    """benchmarks/fasttrees/logic_lstm.sh on fake data in the logic format, two epochs: the row holds the 12
+    test accuracies; run again, training is not repeated; an interrupted run gives no row."""
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    _fake_logic(raw, max_ops=12, lines=30)
+    results = tmp_path / "rows.json"
+    env = {"LOGIC": str(raw), "DATA": str(tmp_path / "bin"), "MAX_EPOCH": "2", "BATCH": "64", "RESULTS": str(results),
+           "SIZE_FLAGS": "--embed-dim 16 --hidden-size 20", "PYTHON": cli.tool("python")}
+    cmd = ["bash", os.path.join(cli.ROOT, "benchmarks/fasttrees/logic_lstm.sh"), "fasttrees_lstm_classifier_conv_logic",
+           1, tmp_path / "w"]
+    cli.run(cmd, env=env)
+    (row,) = json.load(open(results))
+    assert (row["arch"], row["seed"], row["epochs"], row["converged"]) == ("fasttrees_lstm_classifier_conv_logic", 1,
+                                                                          2, False)
+    assert sorted(map(int, row["accuracy_by_ops"])) == list(range(1, 13))
+    assert all(0 <= a <= 100 for a in row["accuracy_by_ops"].values())
+    log = (tmp_path / "w" / "train.log").read_text()
+    cli.run(cmd, env=env)
+    assert (tmp_path / "w" / "train.log").read_text() == log
+    (tmp_path / "w" / "train.log").write_text(log.replace("end of epoch 2", "").split("epoch 002 | valid")[0])
+    proc = cli.run(cmd, env=env, check=False)
+    assert proc.returncode != 0 and "interrupted run" in proc.stderr, (proc.stderr, (tmp_path / "w" / "validate.txt").read_text()[-3000:])

@@ -1,0 +1,49 @@
+"""``fasttrees_lstm_lm`` and ``fasttrees_lstm_classifier``: the recurrent FastTrees model (Pung & Chan,
+arXiv 2111.14031, §3, Tables 1–4).
+
+ON-LSTM's models (:mod:`user_dir.models.onlstm`: same sizes, regularisation, heads and presets) whose master
+gates are computed from the input only, for the whole sequence before the time loop
+(:mod:`user_dir.modules.ordered_neurons`).  ``--master`` picks F_f, F_i:
+
+* ``ffn`` (default): two-layer position-wise FFN, as the paper's text ("FastTrees");
+* ``linear``: one position-wise linear map, as the authors' released ``FastTrees.py``;
+* ``conv``: causal 1-D convolution (``--conv-kernel-size``) then one position-wise layer ("Conv. FastTrees");
+  the released ``ConvFT.py`` also reads the next token, this one is causal.
+"""
+from dataclasses import dataclass, field
+
+from fairseq.dataclass import ChoiceEnum
+from fairseq.models import register_model
+
+from .onlstm import LOGIC, PTB, ONLSTMClassifier, ONLSTMConfig, ONLSTMLanguageModel, preset
+
+MASTER_CHOICES = ChoiceEnum(["ffn", "linear", "conv"])
+
+
+@dataclass
+class FastTreesLSTMConfig(ONLSTMConfig):
+    master: MASTER_CHOICES = field(default="ffn", metadata={
+        "help": "master-gate network F: 'ffn' (two-layer position-wise FFN, the paper), 'linear' (the released "
+                "code), 'conv' (causal 1-D conv + position-wise layer, Conv. FastTrees)"})
+    master_hidden_dim: int = field(default=0, metadata={
+        "help": "hidden size of F (conv channels with --master conv); 0 = as many weights as ON-LSTM's "
+                "master gates"})
+    conv_kernel_size: int = field(default=2, metadata={"help": "kernel size of the causal conv (--master conv)"})
+
+
+@register_model("fasttrees_lstm_lm", dataclass=FastTreesLSTMConfig)
+class FastTreesLSTMLanguageModel(ONLSTMLanguageModel):
+    """FastTrees language model (PTB preset ``fasttrees_lstm_lm_ptb``)."""
+
+    tree_label = "FastTrees"
+
+
+@register_model("fasttrees_lstm_classifier", dataclass=FastTreesLSTMConfig)
+class FastTreesLSTMClassifier(ONLSTMClassifier):
+    """FastTrees sentence encoder for ``sentence_prediction`` / ``sentence_pair_classification``."""
+
+
+preset("fasttrees_lstm_lm", "fasttrees_lstm_lm_ptb", **PTB)
+preset("fasttrees_lstm_lm", "fasttrees_lstm_lm_conv_ptb", **PTB, master="conv")
+preset("fasttrees_lstm_classifier", "fasttrees_lstm_classifier_logic", **LOGIC)
+preset("fasttrees_lstm_classifier", "fasttrees_lstm_classifier_conv_logic", **LOGIC, master="conv")
