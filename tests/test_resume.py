@@ -26,6 +26,9 @@ COMMON = ["--max-update", N, "--save-interval-updates", K, "--log-format", "json
 TRANSLATION = ["--task", "translation", "--batch-size", 16, "--dropout", 0.2, *cli.TINY_TRANSLATION_ARGS]
 BPTT = ["--task", "bptt_lm", "--tokens-per-sample", 16, "--batch-size", 4]
 STAR = ["--encoder-embed-dim", 16, "--encoder-attention-heads", 2, "--encoder-layers", 1]
+# dropout, locked dropout and weight drop all on: their masks come from the restored random stream
+ORDERED_NEURONS = ["--embed-dim", 16, "--hidden-size", 20, "--num-layers", 2, "--chunk-size", 4, "--dropout", 0.2,
+                   "--hidden-dropout", 0.2, "--input-dropout", 0.2, "--embed-dropout", 0.1, "--weight-drop", 0.2]
 
 
 @pytest.fixture(scope="module")
@@ -61,6 +64,10 @@ CASES = {
     "fasttrees_transformer_lm": ("toy_lm_bin", [*BPTT, "--arch", "fasttrees_transformer_lm", "--decoder-layers", 1,
                                                 "--decoder-embed-dim", 16, "--decoder-ffn-embed-dim", 32,
                                                 "--decoder-attention-heads", 2, "--chunk-size", 4, "--dropout", 0.2]),
+    "fasttrees_lstm_lm": ("toy_lm_bin", [*BPTT, "--arch", "fasttrees_lstm_lm", *ORDERED_NEURONS, "--master", "conv"]),
+    "onlstm_classifier": ("sst_bin", ["--task", "sentence_prediction", "--criterion", "sentence_prediction",
+                                      "--num-classes", 5, "--batch-size", 8, "--arch", "onlstm_classifier",
+                                      *ORDERED_NEURONS]),
     "mtn": ("sessions_bin", ["--task", "query_suggestion", "--arch", "mtn_tiny", "--batch-size", 8,
                              "--max-query-length", 12, "--dropout", 0.2]),
 }
