@@ -8,7 +8,7 @@
    ``--length``: 200 × 20 is the Multi30k runs' 4,096-token batch);  target ≤ 1.2x;
    1b. the same at equal parameter count (FastTrees with its FFN dim reduced by the FastTrees sublayers'
    parameters, same d and layers);
-2. training step of an ON-LSTM LM (benchmarks/fasttrees/onlstm.py) vs a FastTrees LM of equal hidden size
+2. training step of an ON-LSTM LM (``onlstm_lm``, no dropout) vs a FastTrees LM of equal hidden size
    and depth whose layers are FastTrees sublayers (the paper's Table 1 comparison), and vs the full
    ``fasttrees_transformer_lm`` (3 layers, hidden 256, batch 16 × 70 tokens);  target ≥ 1.3x faster;
 3. the FastTrees recurrence at length 256 (batch 16, d 256): parallel scan vs a sequential loop over
@@ -21,7 +21,6 @@ import statistics
 import time
 
 import torch
-from onlstm import ONLSTMLanguageModel
 
 from user_dir.from_flags import build, toy_dictionary
 from user_dir.modules.fasttrees_layer import FastTreesConfig, FastTreesSublayer, linear_scan, sequential_scan
@@ -140,8 +139,9 @@ def onlstm_ratio(repeats):
                                                "--decoder-ffn-embed-dim", 1024, "--decoder-attention-heads", 4,
                                                "--share-decoder-input-output-embed", "--chunk-size", 8,
                                                "--dropout", 0.1], task="language_modeling", dictionary=d)
-    torch.manual_seed(0)
-    on = ONLSTMLanguageModel(len(d), 256, 3, 8)
+    on, _ = build("onlstm_lm", ["--embed-dim", 256, "--hidden-size", 256, "--num-layers", 3, "--chunk-size", 8,
+                                "--dropout", 0, "--hidden-dropout", 0, "--input-dropout", 0, "--embed-dropout", 0,
+                                "--weight-drop", 0], task="language_modeling", dictionary=d)
     torch.manual_seed(0)
     rnn = FastTreesRNNLanguageModel(len(d), 256, 3, 8)
     return interleaved({"onlstm": train_step_fn(on, loss), "fasttrees_rnn": train_step_fn(rnn, loss),
