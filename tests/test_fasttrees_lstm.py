@@ -293,3 +293,41 @@ def test_fasttrees_and_onlstm_presets_have_equal_size(arch, task):
         sizes[name] = sum(p.numel() for p in model.parameters())
     for name in ("ffn", "conv"):
         assert abs(sizes[name] / sizes["onlstm"] - 1) < 1e-3, sizes
+
+
+# --------------------------------------------------------------------------- truncated BPTT (bptt_lm)
+@pytest.mark.parametrize("variant", ["onlstm", "fasttrees_conv"])
+def test_stream_segments_continue_the_state_of_the_segment_before(variant):
+    """Segments read with stream_pos 0, 1, 2, 3 (bptt_lm) give the outputs of the whole stream read at once; a
+    training batch in between does not disturb the evaluation stream; a segment out of order starts from zeros."""
+    model, d = lm(variant)
+    stream = torch.stack(random_sentences(d, [23, 23], seed=9, bos_eos=False))  # (2, 24)
+    with torch.no_grad():
+        model.eval()
+        whole = model(stream)[0]
+        parts = [model(stream[:, i:i + 6], stream_pos=n)[0] for n, i in enumerate(range(0, 18, 6))]
+        model.train()  # (dropout is 0 in these models) the training slot starts its own stream
+        train_first = model(stream[:, 12:18], stream_pos=0)[0]
+        model.eval()
+        parts.append(model(stream[:, 18:], stream_pos=3)[0])
+        alone = model(stream[:, 6:12])[0]
+        skipped = model(stream[:, 6:12], stream_pos=7)[0]  # no state continues position 7
+        fresh = model(stream[:, 12:18])[0]
+    assert torch.allclose(torch.cat(parts, 1), whole, atol=1e-5)
+    assert torch.allclose(train_first, fresh, atol=1e-6)
+    assert torch.allclose(skipped, alone, atol=1e-6) and not torch.allclose(alone, whole[:, 6:12], atol=1e-3)
+
+
+def test_stream_state_round_trips_through_memory_state():
+    model, d = lm("fasttrees_conv")
+    model.eval()
+    stream = torch.stack(random_sentences(d, [11, 11], seed=10, bos_eos=False))
+    with torch.no_grad():
+        model(stream[:, :6], stream_pos=0)
+        saved = model.memory_state("eval")
+        expected = model(stream[:, 6:], stream_pos=1)[0]
+        model.reset_memory()
+        model.load_memory_state(saved, "eval")
+        again = model(stream[:, 6:], stream_pos=1)[0]
+    assert saved["next_pos"] == 1 and saved["windows"][0] is not None
+    assert torch.equal(again, expected)

@@ -8,9 +8,13 @@ The cell is :mod:`user_dir.modules.ordered_neurons`; ``fasttrees_lstm_lm`` / ``f
 (:mod:`user_dir.models.fasttrees_lstm`) are the same models with FastTrees' master gates.
 
 The language model is a fairseq incremental decoder (h, c of every layer as incremental state), so
-``fairseq-generate``, ``fairseq-eval-lm`` and hub ``sample()`` work; each batch starts from a zero state
-(fairseq's ``language_modeling`` and ``bptt_lm`` alike read each segment on its own).
+``fairseq-generate``, ``fairseq-eval-lm`` and hub ``sample()`` work.  With the plugin's ``bptt_lm`` task it is
+trained as both papers train it, by truncated backpropagation through time: each batch continues the
+contiguous streams of the batch before, from the (detached) state that batch left, kept apart for training and
+evaluation and saved with every checkpoint (``bptt_lm``'s checkpoint state); with fairseq's ``language_modeling``
+each batch starts from a zero state.
 """
+import logging
 from dataclasses import dataclass, field
 from typing import Dict, Optional
 
@@ -24,6 +28,8 @@ from torch import Tensor
 
 from ..modules.ordered_neurons import OrderedNeuronsStack, check_chunking, embedding_dropout, locked_dropout
 from ..tasks.kinds import check_task_kind
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -106,14 +112,24 @@ class OrderedNeuronsDecoder(FairseqIncrementalDecoder):
         else:
             self.output_projection = nn.Linear(self.encoder.output_dim, len(dictionary), bias=False)
         self.output_bias = nn.Parameter(torch.zeros(len(dictionary)))
+        self._streams: Dict[str, dict] = {}  # slot ("train", "eval") -> the state a stream's next batch continues
 
-    def forward(self, prev_output_tokens, incremental_state=None, features_only=False, **kwargs):
+    def forward(self, prev_output_tokens, incremental_state=None, features_only=False, stream_pos=None, **kwargs):
+        """``stream_pos`` (from ``bptt_lm``): the batch's position in its contiguous streams; the state left by
+        the batch before continues (truncated BPTT), position 0 starts from zeros."""
         cached = None if incremental_state is None else self.get_incremental_state(incremental_state, "rnn_state")
         if cached is not None:
             prev_output_tokens = prev_output_tokens[:, -1:]  # the earlier tokens are in the state
         states = None if cached is None else [(cached[f"h{n}"], cached[f"c{n}"]) for n in range(self.num_layers)]
         windows = None if cached is None else [cached.get(f"w{n}") for n in range(self.num_layers)]
+        slot = None
+        if incremental_state is None and stream_pos is not None:
+            slot = "train" if self.training else "eval"
+            states, windows = self._stream_state(slot, int(stream_pos), prev_output_tokens.size(0))
         x, finals, distances, windows = self.encoder(prev_output_tokens, states, windows)
+        if slot is not None:
+            self._streams[slot] = {"next_pos": int(stream_pos) + 1, "states": [(h.detach(), c.detach()) for h, c in finals],
+                                   "windows": [None if w is None else w.detach() for w in windows]}
         if incremental_state is not None:
             state: Dict[str, Optional[Tensor]] = {}
             for n, ((h, c), w) in enumerate(zip(finals, windows)):
@@ -124,6 +140,43 @@ class OrderedNeuronsDecoder(FairseqIncrementalDecoder):
         x = x.transpose(0, 1)
         extra = {"attn": [None], "distances": distances.transpose(1, 2)}  # (layers, B, T)
         return (x if features_only else self.output_layer(x)), extra
+
+    # ------------------------------------------------ the state carried across the batches of a stream
+    def _stream_state(self, slot, stream_pos, bsz):
+        if stream_pos == 0:
+            self._streams.pop(slot, None)
+            return None, None
+        saved = self._streams.get(slot)
+        if saved is None or saved["next_pos"] != stream_pos or saved["states"][0][0].size(0) != bsz:
+            logger.warning(f"{type(self).__name__}: no {slot} state continues stream position {stream_pos}; this "
+                           f"segment starts from a zero state")
+            return None, None
+        return saved["states"], saved["windows"]
+
+    def reset_memory(self, slot=None):
+        """Forgets the carried state of ``slot`` ("train" or "eval"), or of both."""
+        if slot is None:
+            self._streams.clear()
+        else:
+            self._streams.pop(slot, None)
+
+    def memory_state(self, slot="train"):
+        """The carried state of ``slot`` as CPU tensors (``bptt_lm`` saves it with each checkpoint), or ``None``."""
+        saved = self._streams.get(slot)
+        if saved is None:
+            return None
+        return {"next_pos": saved["next_pos"], "states": [(h.cpu(), c.cpu()) for h, c in saved["states"]],
+                "windows": [None if w is None else w.cpu() for w in saved["windows"]]}
+
+    def load_memory_state(self, saved, slot="train"):
+        """Restores a :meth:`memory_state` on the model's device."""
+        if saved is None:
+            self.reset_memory(slot)
+            return
+        device = self.output_bias.device
+        self._streams[slot] = {
+            "next_pos": int(saved["next_pos"]), "states": [(h.to(device), c.to(device)) for h, c in saved["states"]],
+            "windows": [None if w is None else w.to(device) for w in saved["windows"]]}
 
     @property
     def num_layers(self):
@@ -153,6 +206,15 @@ class ONLSTMLanguageModel(FairseqLanguageModel):
     def build_model(cls, cfg, task):
         check_task_kind("lm", cfg, task)
         return cls(OrderedNeuronsDecoder(cfg, task.target_dictionary))
+
+    def reset_memory(self, slot=None):
+        self.decoder.reset_memory(slot)
+
+    def memory_state(self, slot="train"):
+        return self.decoder.memory_state(slot)
+
+    def load_memory_state(self, saved, slot="train"):
+        self.decoder.load_memory_state(saved, slot)
 
     def syntactic_distances(self, tokens):
         """(layers, B, T): ``1 − mean(f̃_t)`` of every layer, for unsupervised parsing."""
