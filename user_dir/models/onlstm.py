@@ -27,6 +27,7 @@ from fairseq.models import (BaseFairseqModel, FairseqIncrementalDecoder, Fairseq
 from torch import Tensor
 
 from ..modules.ordered_neurons import OrderedNeuronsStack, check_chunking, embedding_dropout, locked_dropout
+from ..tasks.bptt_lm import StreamMemoryModel
 from ..tasks.kinds import check_task_kind
 
 logger = logging.getLogger(__name__)
@@ -197,7 +198,7 @@ class OrderedNeuronsDecoder(FairseqIncrementalDecoder):
 
 
 @register_model("onlstm_lm", dataclass=ONLSTMConfig)
-class ONLSTMLanguageModel(FairseqLanguageModel):
+class ONLSTMLanguageModel(StreamMemoryModel, FairseqLanguageModel):
     """ON-LSTM language model (fairseq ``lstm_lm`` conventions; PTB preset ``onlstm_lm_ptb``)."""
 
     tree_label = "ON-LSTM"  # the parsers' name in examples/fasttrees/eval_parsing.py
@@ -206,15 +207,6 @@ class ONLSTMLanguageModel(FairseqLanguageModel):
     def build_model(cls, cfg, task):
         check_task_kind("lm", cfg, task)
         return cls(OrderedNeuronsDecoder(cfg, task.target_dictionary))
-
-    def reset_memory(self, slot=None):
-        self.decoder.reset_memory(slot)
-
-    def memory_state(self, slot="train"):
-        return self.decoder.memory_state(slot)
-
-    def load_memory_state(self, saved, slot="train"):
-        self.decoder.load_memory_state(saved, slot)
 
     def syntactic_distances(self, tokens):
         """(layers, B, T): ``1 − mean(f̃_t)`` of every layer, for unsupervised parsing."""

@@ -53,6 +53,7 @@ from fairseq.models import (FairseqIncrementalDecoder, FairseqLanguageModel, reg
 from ..modules.projected_adaptive import AdaptiveEmbedding, ProjectedAdaptiveLogSoftmax
 from ..modules.relative_multihead_attention import (Dropout, RelativeSinusoid, TransformerXLLayer, additive_mask,
                                                      attention_mask)
+from ..tasks.bptt_lm import StreamMemoryModel
 from ..tasks.kinds import check_task_kind
 
 logger = logging.getLogger(__name__)
@@ -92,7 +93,7 @@ class TransformerXLConfig(FairseqDataclass):
 
 
 @register_model("transformer_xl_lm", dataclass=TransformerXLConfig)
-class TransformerXLLanguageModel(FairseqLanguageModel):
+class TransformerXLLanguageModel(StreamMemoryModel, FairseqLanguageModel):
     """Transformer-XL LM; see the module docstring for the memory protocol."""
 
     @classmethod
@@ -122,15 +123,6 @@ class TransformerXLLanguageModel(FairseqLanguageModel):
         """Negative log-likelihood (float32) of ``target`` without the full-vocabulary log-probs
         (the training loss of ``--criterion projected_adaptive_loss``)."""
         return self.decoder.softmax.nll(net_output[0], target)
-
-    def reset_memory(self, slot=None):
-        self.decoder.reset_memory(slot)
-
-    def memory_state(self, slot="train"):
-        return self.decoder.memory_state(slot)
-
-    def load_memory_state(self, saved, slot="train"):
-        self.decoder.load_memory_state(saved, slot)
 
 
 class TransformerXLDecoder(FairseqIncrementalDecoder):

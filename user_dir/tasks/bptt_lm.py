@@ -52,6 +52,20 @@ from omegaconf import II
 logger = logging.getLogger(__name__)
 
 
+
+class StreamMemoryModel:
+    """What ``bptt_lm`` asks of a language model that carries state across the batches of a stream
+    (``reset_memory``, ``memory_state``, ``load_memory_state``), handed to its decoder, which keeps the state."""
+
+    def reset_memory(self, slot=None):
+        self.decoder.reset_memory(slot)
+
+    def memory_state(self, slot="train"):
+        return self.decoder.memory_state(slot)
+
+    def load_memory_state(self, saved, slot="train"):
+        self.decoder.load_memory_state(saved, slot)
+
 @dataclass
 class BPTTLMConfig(FairseqDataclass):
     data: str = field(default="???", metadata={"help": "path to data directory (fairseq-preprocess output)"})
