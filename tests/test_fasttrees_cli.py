@@ -1,5 +1,6 @@
 """FastTrees through the real fairseq CLIs: NMT train → generate, LM hydra-train (YAML) → eval-lm → trees,
 sentence-pair classification train → validate."""
+import json
 import os
 import random
 import re
@@ -7,7 +8,7 @@ import re
 import pytest
 import torch
 
-from tests.helpers.cli import (TINY_TRANSLATION_ARGS, USER_DIR, fairseq, load_script, num_lines, run, tool,
+from tests.helpers.cli import (ROOT, TINY_TRANSLATION_ARGS, USER_DIR, fairseq, load_script, num_lines, run, tool,
                                train_translation)
 
 FT_TINY = ["--chunk-size", "8"]
@@ -125,3 +126,24 @@ def test_sentence_pair_classification_train_and_validate(tmp_path):
     accuracy = 100.0 * sum(labels.string([i + labels.nspecial]) == r[0] for i, r in zip(predicted, rows)) / len(rows)
     validated = float(re.findall(r"\| accuracy ([\d.]+)", log)[-1])
     assert accuracy == pytest.approx(validated, abs=0.05)  # printed to 0.1
+
+
+def test_mlu_experiment_script_writes_its_row(tmp_path):
+    """benchmarks/fasttrees/mlu.sh on a tiny generated MLU set, a few updates: a row with the accuracy per
+    sequence over every test example."""
+    results = tmp_path / "rows.json"
+    env = {"TRAIN": "200", "TEST": "30", "DATA": str(tmp_path / "bin"), "MAX_UPDATE": "4", "RESULTS": str(results),
+           "PYTHON": tool("python")}
+    run(["bash", os.path.join(ROOT, "benchmarks/fasttrees/mlu.sh"), "fasttrees_transformer", 1, tmp_path / "w"],
+        env=env)
+    (row,) = json.load(open(results))
+    assert (row["arch"], row["seed"], row["updates"], row["test_examples"]) == ("fasttrees_transformer", 1, 4, 30)
+    assert 0 <= row["sequence_accuracy"] <= 100
+
+
+def test_mlu_sequence_accuracy_counts_whole_answers(tmp_path):
+    out = tmp_path / "gen.txt"
+    out.write_text("S-0\tx = 1 , y = 2 , x + y\nT-0\t3\nH-0\t-0.1\t3\nS-1\tx = 1 , y = 2 , x * y\nT-1\t2\n"
+                   "H-1\t-0.2\t2 2\nT-2\t- 1\nH-2\t-0.3\t- 1\n")
+    accuracy, n = load_script("benchmarks/fasttrees/mlu_rows.py").sequence_accuracy(out)
+    assert (round(accuracy, 2), n) == (66.67, 3)

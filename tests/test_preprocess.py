@@ -3,6 +3,7 @@ import os
 
 import pytest
 
+from tests.helpers import cli
 from tests.helpers.cli import fairseq, script
 
 
@@ -174,3 +175,29 @@ def test_prepare_translation_multi30k_test_sets(tmp_path):
             n = sum(1 for _ in f)
         assert _n_sentences(tmp_path / "bin" / f"{split}.en-de.de") == n
     assert _n_sentences(tmp_path / "bin" / "test.en-de.en") == 1000  # test_2016_flickr
+
+
+def test_mlu_prepare_generates_correct_disjoint_character_data(tmp_path):
+    """MLU questions from a seed: the answers are right, the splits disjoint, the output deterministic and
+    binarized as character-level translation data."""
+    cli.script("preprocess/mlu_prepare.py", "--out", tmp_path / "raw", "--train", 200, "--valid", 20, "--test", 30,
+               "--seed", 3, "--dest", tmp_path / "bin")
+    sources = {}
+    for split, n in (("train", 200), ("valid", 20), ("test", 30)):
+        src = (tmp_path / "raw" / f"{split}.src").read_text().splitlines()
+        tgt = (tmp_path / "raw" / f"{split}.tgt").read_text().splitlines()
+        assert len(src) == len(tgt) == n
+        for s, t in zip(src, tgt):
+            text = s.replace(" ", "")
+            first, second, question = text.split(",")
+            values = dict(part.split("=") for part in (first, second))
+            assert sorted(values) == ["x", "y"] and all(-1000 <= int(v) < 1000 for v in values.values())
+            a, op, b = question[0], question[1], question[2]
+            expected = {"+": int.__add__, "-": int.__sub__, "*": int.__mul__}[op](int(values[a]), int(values[b]))
+            assert t == " ".join(str(expected))
+        sources[split] = set(src)
+    assert not (sources["train"] & sources["test"]) and not (sources["train"] & sources["valid"])
+    assert os.path.exists(tmp_path / "bin" / "train.src-tgt.src.bin")
+    again = tmp_path / "again"
+    cli.script("preprocess/mlu_prepare.py", "--out", again, "--train", 200, "--valid", 20, "--test", 30, "--seed", 3)
+    assert (again / "test.src").read_text() == (tmp_path / "raw" / "test.src").read_text()

@@ -8,10 +8,11 @@ list (created if absent).  A run that stopped neither by ``--patience`` nor at `
 row.
 """
 import argparse
-import json
 import os
 import re
 import sys
+
+from rows import record, train_seconds
 
 
 def parse_train_log(path):
@@ -49,32 +50,13 @@ def main(argv=None):
     if not early and epochs < args.max_epoch:
         raise SystemExit(f"logic_rows: {args.work} stopped at epoch {epochs}, neither by --patience nor at "
                          f"--max-epoch {args.max_epoch}: an interrupted run (run the command again)")
-    seconds = None
-    if os.path.exists(os.path.join(args.work, "train_seconds")):
-        with open(os.path.join(args.work, "train_seconds")) as f:
-            seconds = sum(int(x) for x in f.read().split())
     by_ops = parse_validate(os.path.join(args.work, "validate.txt"))
     row = {"arch": args.arch, "seed": args.seed, "size_flags": args.size_flags, "updates": updates,
            "epochs": epochs, "converged": early, "best_valid_accuracy": max(valid),
            "accuracy_by_ops": by_ops, "accuracy_ops_1_6": sum(by_ops[k] for k in range(1, 7)) / 6,
-           "accuracy_ops_7_12": sum(by_ops[k] for k in range(7, 13)) / 6, "train_seconds": seconds,
+           "accuracy_ops_7_12": sum(by_ops[k] for k in range(7, 13)) / 6, "train_seconds": train_seconds(args.work),
            "command": args.command + (f" (SIZE_FLAGS='{args.size_flags}')" if args.size_flags else "")}
-    with open(os.path.join(args.work, "result.json"), "w") as f:
-        json.dump(row, f, indent=1)
-    if args.results:
-        rows = []
-        if os.path.exists(args.results):
-            with open(args.results) as f:
-                rows = json.load(f)
-        key = (row["arch"], row["seed"], row["size_flags"])
-        rows = [r for r in rows if (r["arch"], r["seed"], r["size_flags"]) != key] + [row]
-        rows.sort(key=lambda r: (r["size_flags"], r["arch"], r["seed"]))
-        os.makedirs(os.path.dirname(os.path.abspath(args.results)), exist_ok=True)
-        with open(args.results + ".tmp", "w") as f:
-            json.dump(rows, f, indent=1)
-            f.write("\n")
-        os.replace(args.results + ".tmp", args.results)
-    print(json.dumps(row))
+    record(args.work, row, args.results, key=lambda r: (r["size_flags"], r["arch"], r["seed"]))
 
 
 if __name__ == "__main__":
