@@ -106,3 +106,30 @@ def test_converged_row_refuses_an_interrupted_run(tmp_path):
     proc = rows_script(tmp_path, tmp_path / "rows.json", 8000)
     assert proc.returncode != 0 and "interrupted run" in proc.stderr
     assert not os.path.exists(tmp_path / "rows.json")
+
+
+def _row(arch, routing, seed, bleu, converged=True):
+    return {"arch": arch, "routing": routing, "seed": seed, "updates": 3000 + seed, "converged": converged,
+            "test_bleu": bleu, "valid_bleu": bleu, "device": "cpu"}
+
+
+def test_summary_pairs_converged_seeds_and_leaves_capped_runs_out(tmp_path):
+    rows = [_row("transformer", None, s, b) for s, b in ((1, 35.0), (2, 36.0), (3, 35.5))]
+    rows += [_row("capsule_transformer", "enc_self", s, b) for s, b in ((1, 35.6), (2, 36.7), (3, 36.1))]
+    rows += [_row("fasttrees_transformer", None, 1, 34.0), _row("fasttrees_transformer", None, 2, 37.0),
+             _row("fasttrees_transformer", None, 3, 10.0, converged=False)]
+    results, claims = tmp_path / "rows.json", tmp_path / "claims.json"
+    results.write_text(json.dumps(rows))
+    claims.write_text(json.dumps([{"id": "other_row"}]))
+    out = cli.script("benchmarks/translation/summarize_converged.py", "--results", results, "--claims", claims).stdout
+    table = {line.split(" | ")[0].strip("| "): line for line in out.splitlines() if line.startswith("| ")}
+    assert "35.50 ± 0.29" in table["transformer"]
+    # capsule ahead by +0.63 in all three seeds: the exact sign-flip p of 3 seeds is 2/8
+    assert "+0.63 ± 0.03 (p = 0.25, ahead in 3 of 3)" in table["capsule_transformer (enc_self)"]
+    assert "within noise" in table["capsule_transformer (enc_self)"]
+    assert "1: 34.00, 2: 37.00 |" in table["fasttrees_transformer"]  # the capped seed 3 is not in the table
+    assert "fasttrees_transformer seed 3 (10000" not in out and "fasttrees_transformer seed 3 (3003 updates)" in out
+    written = {r["id"]: r for r in json.load(open(claims))}
+    assert set(written) == {"other_row", "capsule_multi30k", "fasttrees_multi30k"}
+    assert written["fasttrees_multi30k"]["seeds"] == [1, 2] and written["fasttrees_multi30k"]["ours"] == [34.0, 37.0]
+    assert written["capsule_multi30k"]["baseline"] == [35.0, 36.0, 35.5]

@@ -31,8 +31,9 @@ def key(row):
     return row["arch"], row["routing"] or "", row["seed"], row.get("device", "cpu")
 
 
-def upsert(path, row):
-    """Replaces ``row``'s (arch, routing, seed, device) row of the JSON list at ``path`` (created if absent)."""
+def upsert(path, new_rows, key=key):
+    """Replaces the rows of the JSON list at ``path`` (created if absent) that have the ``key`` of one of
+    ``new_rows`` by those, keeping the list sorted by ``key``; runs finishing together take turns (a lock)."""
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     with open(path + ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
@@ -40,7 +41,8 @@ def upsert(path, row):
         if os.path.exists(path):
             with open(path) as f:
                 rows = json.load(f)
-        rows = sorted([r for r in rows if key(r) != key(row)] + [row], key=key)
+        replaced = {key(r) for r in new_rows}
+        rows = sorted([r for r in rows if key(r) not in replaced] + list(new_rows), key=key)
         with open(path + ".tmp", "w") as f:
             json.dump(rows, f, indent=1)
             f.write("\n")
@@ -78,7 +80,7 @@ def main(argv=None):
     with open(os.path.join(args.work, "result.json"), "w") as f:
         json.dump(row, f, indent=1)
     if args.results:
-        upsert(args.results, row)
+        upsert(args.results, [row])
     print(json.dumps(row))
 
 
