@@ -331,3 +331,11 @@ def test_stream_state_round_trips_through_memory_state():
         again = model(stream[:, 6:], stream_pos=1)[0]
     assert saved["next_pos"] == 1 and saved["windows"][0] is not None
     assert torch.equal(again, expected)
+
+
+def test_untie_embeddings_flag():
+    tied, _ = build("onlstm_lm", TINY, task="language_modeling")
+    untied, d = build("onlstm_lm", [*TINY, "--untie-embeddings"], task="language_modeling")
+    assert tied.decoder.tied and tied.decoder.output_projection is None
+    assert not untied.decoder.tied and untied.decoder.output_projection.weight.shape == (len(d), 24)
+    assert [layer.hidden_size for layer in untied.decoder.encoder.rnn.layers] == [24, 24]

@@ -99,3 +99,18 @@ def test_logic_experiment_script_writes_a_row_per_operator_count(tmp_path):
     (tmp_path / "w" / "train.log").write_text(log.replace("end of epoch 2", "").split("epoch 002 | valid")[0])
     proc = cli.run(cmd, env=env, check=False)
     assert proc.returncode != 0 and "interrupted run" in proc.stderr, (proc.stderr, (tmp_path / "w" / "validate.txt").read_text()[-3000:])
+
+
+def test_hydra_yaml_trains_both_cells_with_truncated_bptt(toy_lm_bin, tmp_path):
+    """examples/fasttrees/fasttrees_lstm_lm_ptb.yaml through fairseq-hydra-train (tiny overrides), for FastTrees
+    and, with model._name=onlstm_lm ~model.master, for ON-LSTM."""
+    for name, extra in (("fasttrees_lstm_lm", []), ("onlstm_lm", ["~model.master"])):
+        save = tmp_path / name
+        cli.run([cli.tool("fairseq-hydra-train"), "--config-dir", "examples/fasttrees", "--config-name",
+                 "fasttrees_lstm_lm_ptb", f"task.data={toy_lm_bin}", f"common.user_dir={cli.USER_DIR}",
+                 f"model._name={name}", "model.embed_dim=16", "model.hidden_size=20", "model.num_layers=2",
+                 "model.chunk_size=4", "task.tokens_per_sample=16", "dataset.batch_size=4", "optimization.max_update=3",
+                 "common.cpu=true", f"checkpoint.save_dir={save}", f"hydra.run.dir={tmp_path / 'hydra' / name}", *extra])
+        state = torch.load(save / "checkpoint_last.pt", map_location="cpu", weights_only=False)
+        assert state["cfg"]["model"]["_name"] == name and state["optimizer_history"][-1]["num_updates"] == 3
+        assert state["extra_state"]["BPTTLanguageModelingTask"]["train_memory"]["next_pos"] == 3  # streams carried

@@ -47,8 +47,9 @@ class ONLSTMConfig(FairseqDataclass):
     input_dropout: float = field(default=0.5, metadata={"help": "locked dropout on the embeddings (dropouti)"})
     embed_dropout: float = field(default=0.1, metadata={"help": "drops whole word types (dropoute)"})
     weight_drop: float = field(default=0.45, metadata={"help": "DropConnect on the hidden-to-hidden weights"})
-    share_input_output_embed: bool = field(default=True, metadata={
-        "help": "language model: tie the softmax to the embeddings (the last layer's size is then --embed-dim)"})
+    untie_embeddings: bool = field(default=False, metadata={
+        "help": "language model: an own output matrix instead of the softmax tied to the embeddings (tied, the "
+                "last layer has --embed-dim units)"})
     classifier_hidden_dim: int = field(default=0, metadata={"help": "classifier MLP hidden size (0: hidden size)"})
     pooler_dropout: float = field(default=0.0, metadata={"help": "dropout in the classifier MLP"})
 
@@ -106,7 +107,7 @@ class OrderedNeuronsDecoder(FairseqIncrementalDecoder):
 
     def __init__(self, cfg, dictionary):
         super().__init__(dictionary)
-        self.tied = cfg.share_input_output_embed
+        self.tied = not cfg.untie_embeddings
         self.encoder = OrderedNeuronsEncoder(cfg, dictionary, self.tied)
         if self.tied:
             self.output_projection = None
@@ -282,7 +283,7 @@ def preset(model, name, **values):
 # The ON-LSTM / FastTrees PTB language model: 3 layers, 1150 hidden, embedding 400, chunk 10, dropout
 # 0.45 / 0.3 / 0.5 / 0.1 (output / hidden / input / embedding), weight drop 0.45, tied embeddings.
 PTB = dict(embed_dim=400, hidden_size=1150, num_layers=3, chunk_size=10, dropout=0.45, hidden_dropout=0.3,
-           input_dropout=0.5, embed_dropout=0.1, weight_drop=0.45, share_input_output_embed=True)
+           input_dropout=0.5, embed_dropout=0.1, weight_drop=0.45, untie_embeddings=False)
 # The FastTrees paper's logical-inference encoder: one layer, embedding 128, hidden 400, chunk 10, dropout 0.2.
 LOGIC = dict(embed_dim=128, hidden_size=400, num_layers=1, chunk_size=10, dropout=0.2, hidden_dropout=0.2,
              input_dropout=0.2, embed_dropout=0.0, weight_drop=0.2, pooler_dropout=0.2)
