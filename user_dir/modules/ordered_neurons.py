@@ -191,8 +191,10 @@ class OrderedNeuronsLayer(nn.Module):
                 h_t, c_t = torch.where(k, h_t, h), torch.where(k, c_t, c)
             h, c = h_t, c_t
             outputs.append(h)
-            forgets.append(f_master)
-        return torch.stack(outputs), (h, c), torch.stack(forgets), window
+            if masters is None:
+                forgets.append(f_master)
+        f_masters = torch.stack(forgets) if masters is None else masters[0]
+        return torch.stack(outputs), (h, c), f_masters, window
 
 
 class OrderedNeuronsStack(nn.Module):
