@@ -101,6 +101,30 @@ def test_logic_experiment_script_writes_a_row_per_operator_count(tmp_path):
     assert proc.returncode != 0 and "interrupted run" in proc.stderr, (proc.stderr, (tmp_path / "w" / "validate.txt").read_text()[-3000:])
 
 
+def test_ptb_experiment_script_writes_perplexity_and_parsing_row(toy_lm_bin, tmp_path):
+    """benchmarks/fasttrees/ptb_lstm.sh on the toy corpus (tiny size, 6 updates): the row holds valid/test
+    perplexity and the parsing F1 of every layer beside both baselines; an interrupted run gives no row."""
+    words = [line.split()[0] for line in open(os.path.join(toy_lm_bin, "dict.txt")).readlines()[:4]]
+    treebank = tmp_path / "mrg"
+    treebank.mkdir()
+    (treebank / "wsj_0001.mrg").write_text(
+        f"( (S (NP (DT {words[0]}) (NN {words[1]})) (VP (VBD {words[2]}) (NP (NN {words[3]}))) (. .)))\n")
+    results = tmp_path / "rows.json"
+    env = {"DATA": str(toy_lm_bin), "TREEBANK": str(treebank), "MAX_UPDATE": "6", "RESULTS": str(results),
+           "SIZE_FLAGS": "--embed-dim 20 --hidden-size 30", "PYTHON": cli.tool("python")}
+    cmd = ["bash", os.path.join(cli.ROOT, "benchmarks/fasttrees/ptb_lstm.sh"), "fasttrees_lstm_lm_ptb", 1, tmp_path / "w"]
+    cli.run(cmd, env=env)
+    (row,) = json.load(open(results))
+    assert (row["arch"], row["seed"], row["updates"]) == ("fasttrees_lstm_lm_ptb", 1, 6)
+    assert 1 < row["valid_ppl"] < 10000 and 1 < row["test_ppl"] < 10000
+    assert {"left-branching", "right-branching", "FastTrees layer 0", "FastTrees layer 2"} <= set(row["parsing_f1"])
+    assert row["parsing_sentences"] == row["parsing_sentences_wsj10"] == 1
+    log = tmp_path / "w" / "train.log"
+    log.write_text(log.read_text().replace("num_updates=6", "").replace("num_updates 6", ""))
+    proc = cli.run(cmd, env=env, check=False)
+    assert proc.returncode != 0 and "interrupted run" in proc.stderr, proc.stderr[-2000:]
+
+
 def test_hydra_yaml_trains_both_cells_with_truncated_bptt(toy_lm_bin, tmp_path):
     """examples/fasttrees/fasttrees_lstm_lm_ptb.yaml through fairseq-hydra-train (tiny overrides), for FastTrees
     and, with model._name=onlstm_lm ~model.master, for ON-LSTM."""

@@ -7,12 +7,11 @@ Reads the run's ``train.log`` (fairseq's simple log: updates, epochs, validation
 list (created if absent).  A run that stopped neither by ``--patience`` nor at ``--max-epoch`` was cut off: no
 row.
 """
-import argparse
 import os
 import re
 import sys
 
-from rows import record, train_seconds
+from rows import record, run_arguments, train_seconds
 
 
 def parse_train_log(path):
@@ -37,15 +36,7 @@ def parse_validate(path):
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--work", required=True)
-    p.add_argument("--arch", required=True)
-    p.add_argument("--seed", type=int, required=True)
-    p.add_argument("--max-epoch", type=int, required=True)
-    p.add_argument("--size-flags", default="")
-    p.add_argument("--command", required=True)
-    p.add_argument("--results", default=None)
-    args = p.parse_args(argv)
+    args = run_arguments(__doc__.split("\n\n")[0], "--max-epoch", argv)
     updates, epochs, valid, early = parse_train_log(os.path.join(args.work, "train.log"))
     if not early and epochs < args.max_epoch:
         raise SystemExit(f"logic_rows: {args.work} stopped at epoch {epochs}, neither by --patience nor at "

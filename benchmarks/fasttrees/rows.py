@@ -1,4 +1,5 @@
 """Result rows of the FastTrees experiment scripts: one JSON list per experiment, a row per run."""
+import argparse
 import json
 import os
 
@@ -34,3 +35,17 @@ def record(work, row, results, key):
     if results:
         upsert(results, row, key)
     print(json.dumps(row))
+
+
+def run_arguments(description, budget_flag, argv=None):
+    """The arguments every experiment's row script takes: the run's directory, arch, seed, size flags and
+    command, its training budget (``budget_flag``: ``--max-epoch`` or ``--max-update``), the results list."""
+    p = argparse.ArgumentParser(description=description)
+    p.add_argument("--work", required=True)
+    p.add_argument("--arch", required=True)
+    p.add_argument("--seed", type=int, required=True)
+    p.add_argument(budget_flag, type=int, required=True)
+    p.add_argument("--size-flags", default="")
+    p.add_argument("--command", required=True)
+    p.add_argument("--results", default=None)
+    return p.parse_args(argv)

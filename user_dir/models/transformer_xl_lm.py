@@ -46,12 +46,13 @@ import torch
 from torch import nn
 
 from fairseq.dataclass import ChoiceEnum, FairseqDataclass
+from fairseq.modules import FairseqDropout
 from fairseq.modules.checkpoint_activations import checkpoint_wrapper
 from fairseq.models import (FairseqIncrementalDecoder, FairseqLanguageModel, register_model,
                             register_model_architecture)
 
 from ..modules.projected_adaptive import AdaptiveEmbedding, ProjectedAdaptiveLogSoftmax
-from ..modules.relative_multihead_attention import (Dropout, RelativeSinusoid, TransformerXLLayer, additive_mask,
+from ..modules.relative_multihead_attention import (RelativeSinusoid, TransformerXLLayer, additive_mask,
                                                      attention_mask)
 from ..tasks.bptt_lm import StreamMemoryModel
 from ..tasks.kinds import check_task_kind
@@ -148,7 +149,7 @@ class TransformerXLDecoder(FairseqIncrementalDecoder):
                                                    embedding=self.embed, tie_weight=cfg.tie_weight,
                                                    tie_projs=tie_projs)
         self.pos = RelativeSinusoid(cfg.d_model)
-        self.dropout = Dropout(cfg.dropout, module_name=self.__class__.__name__)
+        self.dropout = FairseqDropout(cfg.dropout, module_name=self.__class__.__name__)
         if not cfg.untie_r:  # u, v shared by all layers (the PyTorch reference)
             self.r_w_bias = nn.Parameter(torch.zeros(cfg.n_head, cfg.d_head))
             self.r_r_bias = nn.Parameter(torch.zeros(cfg.n_head, cfg.d_head))

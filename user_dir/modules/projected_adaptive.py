@@ -20,13 +20,11 @@ read from head column ``-i`` (the cluster rows are in reverse order).
 HuggingFace's port reads column ``c0 + i - 1``; :func:`hf_cluster_rows`
 converts between the two layouts.
 """
-import math
 from typing import List, Optional
 
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.autograd.function import once_differentiable
 
 
 def band_edges(n_token: int, cutoffs: List[int]) -> List[int]:
@@ -83,79 +81,6 @@ class AdaptiveEmbedding(nn.Module):
             parts.append(emb_i.masked_fill(outside.unsqueeze(1), 0.0))
         out = F.linear(torch.cat(parts, dim=1), torch.cat(list(self.emb_projs), dim=1))
         return (out * self.emb_scale).view(*tokens.shape, self.d_proj)
-
-
-_storage_use_count = getattr(torch._C, "_storage_Use_Count", None)
-
-
-class BufferPool:
-    """A few CPU buffers for the (N, V) output-layer tensors, handed out again once
-    nothing else references them.
-
-    With a 10k-word output layer these tensors are ~45 MB each; glibc maps
-    such sizes anew on every allocation, so each fresh one costs ~11k page
-    faults (measured: filling a fresh one takes ~15x as long as refilling a
-    warm one).  A buffer is reused only when its storage has no other
-    reference (no tensor, view or saved autograd value holds it): a tensor
-    handed out is never overwritten while anyone can still see it.  At most
-    ``size`` buffers per dtype are kept (beyond that, plain allocations).
-    """
-
-    def __init__(self, size=3):
-        self.size = size
-        self.storages = {}  # dtype -> [UntypedStorage]
-
-    def empty(self, shape, dtype):
-        nbytes = math.prod(shape) * dtype.itemsize
-        pool = self.storages.setdefault(dtype, [])
-        free = [st for st in pool if _storage_use_count(st._cdata) == 1] if _storage_use_count else []
-        storage = next((st for st in free if st.nbytes() >= nbytes), None)
-        if storage is None:
-            if free:  # too small: replace one
-                pool.remove(free[0])
-            elif len(pool) >= self.size or _storage_use_count is None:
-                return torch.empty(shape, dtype=dtype)
-            storage = torch.UntypedStorage(nbytes)
-            pool.append(storage)
-        return torch.empty(0, dtype=dtype).set_(storage, 0, tuple(shape))  # contiguous view of the buffer
-
-
-class LinearLogSoftmax(torch.autograd.Function):
-    """``log_softmax(hidden @ weight^T + bias)`` over the last dim, with the same kernels as
-    ``F.log_softmax(F.linear(...))`` (identical numbers, tested), without fresh (N, V) buffers.
-
-    The logits are computed into a buffer of ``pool`` (:class:`BufferPool`),
-    the log-softmax runs in place on them (the kernel reads each row before
-    writing it) and is the output; the backward writes the logits' gradient
-    into another buffer of the pool.  Per training step that is three fresh
-    (N, V) tensors fewer than ``F.log_softmax(F.linear(...))`` (logits,
-    log-probabilities, their gradient).  CPU without autocast only (elsewhere
-    a caching allocator recycles the buffers, and autocast runs the
-    log-softmax in float32).
-    """
-
-    @staticmethod
-    def forward(ctx, hidden, weight, bias, pool):
-        out = pool.empty((hidden.size(0), weight.size(0)), hidden.dtype)
-        if bias is not None:
-            torch.addmm(bias, hidden, weight.t(), out=out)
-        else:
-            torch.mm(hidden, weight.t(), out=out)
-        torch.log_softmax(out, dim=-1, out=out)
-        ctx.save_for_backward(hidden, weight, out)
-        ctx.pool, ctx.has_bias = pool, bias is not None
-        return out
-
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, grad):
-        hidden, weight, out = ctx.saved_tensors
-        grad_logits = ctx.pool.empty(out.shape, out.dtype)
-        torch._log_softmax_backward_data(grad, out, -1, out.dtype, out=grad_logits)
-        grad_hidden = grad_logits.mm(weight) if ctx.needs_input_grad[0] else None
-        grad_weight = grad_logits.t().mm(hidden) if ctx.needs_input_grad[1] else None
-        grad_bias = grad_logits.sum(0) if ctx.has_bias and ctx.needs_input_grad[2] else None
-        return grad_hidden, grad_weight, grad_bias, None
 
 
 class ProjectedAdaptiveLogSoftmax(nn.Module):
@@ -236,22 +161,12 @@ class ProjectedAdaptiveLogSoftmax(nn.Module):
             bands.append((weight, bias, self.proj(i)))
         return bands
 
-    def __getstate__(self):  # (deepcopy / pickle: not the buffers of LinearLogSoftmax)
-        state = dict(self.__dict__)
-        state.pop("_out_pool", None)
-        return state
-
     def _log_softmax(self, hidden, weight, bias, proj):
         """Log-softmax of one band's logits ``(hidden proj) W^T + b``, in float32 whatever the
-        model's dtype (as fairseq's ``utils.log_softmax``); float32 on CPU without autocast goes
-        through :class:`LinearLogSoftmax`."""
+        model's dtype (as fairseq's ``utils.log_softmax``)."""
         if proj is not None:
             hidden = F.linear(hidden, proj.t())
-        if hidden.device.type != "cpu" or hidden.dtype != torch.float32 or torch.is_autocast_enabled("cpu"):
-            return F.log_softmax(F.linear(hidden, weight, bias), dim=-1, dtype=torch.float32)
-        if "_out_pool" not in self.__dict__:
-            self._out_pool = BufferPool()
-        return LinearLogSoftmax.apply(hidden, weight, bias, self._out_pool)
+        return F.log_softmax(F.linear(hidden, weight, bias), dim=-1, dtype=torch.float32)
 
     def log_prob(self, hidden):
         """Log-probabilities over the whole vocabulary, shape ``hidden.shape[:-1] + (n_token,)``."""

@@ -31,26 +31,6 @@ from torch import nn
 from fairseq.modules import FairseqDropout
 
 
-class Dropout(FairseqDropout):
-    """``FairseqDropout`` with a cheaper mask on CPU.
-
-    The same operation -- keep each element with probability ``1 - p``,
-    scale the kept ones by ``1 / (1 - p)`` -- but the mask is drawn as
-    ``uniform_() >= p`` instead of ``F.dropout``'s ``bernoulli_`` followed by
-    a division: about half the time on CPU, where the dropout masks were
-    ~6% of a training step.  Other devices use ``F.dropout`` (fused there).
-    The random draws differ from ``F.dropout``'s, not their distribution.
-    """
-
-    def forward(self, x, inplace: bool = False):
-        if x.device.type != "cpu" or not 0.0 < self.p < 1.0:
-            return super().forward(x, inplace=inplace)
-        if not (self.training or self.apply_during_inference):
-            return x
-        mask = torch.empty_like(x).uniform_().ge_(self.p).mul_(1.0 / (1.0 - self.p))
-        return x * mask
-
-
 class RelativeSinusoid(nn.Module):
     """The relative position matrix ``R`` of the paper (Sec. 3.3).
 
@@ -104,20 +84,21 @@ def rel_shift(x: torch.Tensor) -> torch.Tensor:
 
 
 def shifted_position_scores(q: torch.Tensor, r_k: torch.Tensor) -> torch.Tensor:
-    """``rel_shift(q @ r_k)`` as a strided view, without the reference's two copies.
+    """``rel_shift(q @ r_k)`` without the reference's two copies.
 
     ``q``: (B, H, T, D); ``r_k``: (H, D, K).  The reference pads a zero
     column in front of the scores and reinterprets the buffer; here the zero
     column comes out of the matmul itself (``r_k`` gets a zero column in
     front), and the shift is a view of that buffer: element ``[i, j]`` of
-    the result is flat element ``T + i·K + j`` of the (T, K+1) block -- rows
-    of stride K, no overlap, no copy.  Same values as :func:`rel_shift`
-    (tested), including the junk entries above the causal diagonal.
+    the result is flat element ``T + i·K + j`` of the (T, K+1) block, so the
+    result is the slice ``[T, T + T·K)`` of the flattened block read as
+    (T, K) -- no copy.  Same values as :func:`rel_shift` (tested), including
+    the junk entries above the causal diagonal.
     """
     B, H, T, _ = q.shape
     K = r_k.size(-1)
     padded = torch.matmul(q, F.pad(r_k, (1, 0)))  # (B, H, T, K+1), column 0 is zero
-    return padded.as_strided((B, H, T, K), (H * T * (K + 1), T * (K + 1), K, 1), padded.storage_offset() + T)
+    return padded.flatten(-2)[..., T:T + T * K].unflatten(-1, (T, K))
 
 
 def attention_mask(qlen: int, mlen: int, mem_len: int, same_length: bool, device=None) -> torch.Tensor:
@@ -164,9 +145,9 @@ class RelativeMultiheadAttention(nn.Module):
         self.r_net = nn.Linear(embed_dim, inner, bias=False)
         self.o_net = nn.Linear(inner, embed_dim, bias=False)
         self.layer_norm = nn.LayerNorm(embed_dim, eps=layer_norm_eps)
-        self.dropout = Dropout(dropout, module_name=self.__class__.__name__)
+        self.dropout = FairseqDropout(dropout, module_name=self.__class__.__name__)
         self.attention_dropout = attention_dropout
-        self.attn_dropout = Dropout(attention_dropout, module_name=self.__class__.__name__)
+        self.attn_dropout = FairseqDropout(attention_dropout, module_name=self.__class__.__name__)
         self.pre_norm = pre_norm
         self.scale = 1.0 / math.sqrt(head_dim)
         if own_biases:
@@ -256,7 +237,7 @@ class PositionwiseFF(nn.Module):
         self.fc1 = nn.Linear(embed_dim, ffn_dim)
         self.fc2 = nn.Linear(ffn_dim, embed_dim)
         self.layer_norm = nn.LayerNorm(embed_dim, eps=layer_norm_eps)
-        self.dropout = Dropout(dropout, module_name=self.__class__.__name__)
+        self.dropout = FairseqDropout(dropout, module_name=self.__class__.__name__)
         self.pre_norm = pre_norm
 
     def forward(self, x):
