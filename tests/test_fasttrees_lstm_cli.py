@@ -125,6 +125,35 @@ def test_ptb_experiment_script_writes_perplexity_and_parsing_row(toy_lm_bin, tmp
     assert proc.returncode != 0 and "interrupted run" in proc.stderr, proc.stderr[-2000:]
 
 
+def test_lstm_summary_tables_and_logic_claim(tmp_path, capsys):
+    """summarize_lstm.py: one line per model with the per-seed mean, capped runs marked, and the
+    fasttrees_logic_12 claim from the FastTrees variant best at 12 operators, over the seeds ON-LSTM also has."""
+    from tests.helpers.cli import load_script
+
+    def logic(arch, seed, at12, converged=True):
+        by_ops = {str(k): 90.0 - k + (at12 - 78.0 if k == 12 else 0.0) for k in range(1, 13)}
+        return {"arch": arch, "seed": seed, "size_flags": "--hidden-size 200", "epochs": 9, "converged": converged,
+                "accuracy_by_ops": by_ops, "accuracy_ops_1_6": 86.5, "accuracy_ops_7_12": 80.5,
+                "command": f"MAX_EPOCH=25 PATIENCE=5 benchmarks/fasttrees/logic_lstm.sh {arch} {seed}"}
+
+    rows = [logic("onlstm_classifier_logic", 1, 70.0), logic("onlstm_classifier_logic", 2, 72.0),
+            logic("fasttrees_lstm_classifier_logic", 1, 71.0), logic("fasttrees_lstm_classifier_conv_logic", 1, 75.0),
+            logic("fasttrees_lstm_classifier_conv_logic", 3, 99.0, converged=False)]
+    (tmp_path / "logic.json").write_text(json.dumps(rows))
+    claims = tmp_path / "claims.json"
+    summary = load_script("benchmarks/fasttrees/summarize_lstm.py")
+    summary.main(["--logic", str(tmp_path / "logic.json"), "--ptb", str(tmp_path / "none.json"),
+                  "--claims", str(claims)])
+    out = capsys.readouterr().out
+    (line,) = [x for x in out.splitlines() if x.startswith("| ON-LSTM |")]
+    assert "| 1, 2 | 9, 9 |" in line and "| 71.0 ± 1.4 |" in line  # mean ± sd at 12 operators
+    assert "9 (capped)" in [x for x in out.splitlines() if x.startswith("| Conv. FastTrees |")][0]
+    (claim,) = json.load(open(claims))
+    assert (claim["id"], claim["model"], claim["seeds"], claim["ours"], claim["baseline"]) == (
+        "fasttrees_logic_12", "Conv. FastTrees", [1], [75.0], [70.0])
+    assert claim["converged"] and "fasttrees_lstm_classifier_conv_logic SEED" in claim["command"]
+
+
 def test_hydra_yaml_trains_both_cells_with_truncated_bptt(toy_lm_bin, tmp_path):
     """examples/fasttrees/fasttrees_lstm_lm_ptb.yaml through fairseq-hydra-train (tiny overrides), for FastTrees
     and, with model._name=onlstm_lm ~model.master, for ON-LSTM."""

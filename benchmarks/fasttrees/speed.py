@@ -167,17 +167,12 @@ def scan_ratio(repeats, T=256, B=16, D=256):
 
     raw = interleaved({"loop": run(lambda: sequential_scan(a, b)), "unbind": run(lambda: unbind_loop(a, b)),
                        "scan": run(lambda: linear_scan(a, b))}, repeats)
-    torch.manual_seed(0)
-    layer = FastTreesSublayer(D, FastTreesConfig(chunk_size=8), causal=True)
+    layers = {}
+    for mode in ("loop", "parallel"):
+        torch.manual_seed(0)  # the same weights for both scans
+        layers[mode] = FastTreesSublayer(D, FastTreesConfig(chunk_size=8), causal=True, scan=mode)
     x = torch.randn(T, B, D, generator=g)
-
-    def sub(mode):
-        def f():
-            layer.scan = mode
-            return layer(x)
-        return run(f)
-
-    whole = interleaved({"loop": sub("loop"), "scan": sub("parallel")}, repeats)
+    whole = interleaved({"loop": run(lambda: layers["loop"](x)), "scan": run(lambda: layers["parallel"](x))}, repeats)
     return raw, whole
 
 

@@ -18,6 +18,7 @@ import textwrap
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 CAPSULE_SPEED = os.path.join(ROOT, "benchmarks", "capsule_transformer", "results")  # speed.py --out files
+FASTTREES_RESULTS = os.path.join(ROOT, "benchmarks", "fasttrees", "results")  # rows of logic_lstm.sh / ptb_lstm.sh
 
 
 def read_csv(path):
@@ -196,6 +197,28 @@ def fasttrees_logic(results, plt):
     ax.axvspan(6.5, 12.5, color="grey", alpha=0.12, label="longer than any training formula")
     ax.set(xlabel="number of operators", ylabel="test accuracy (%)",
            title="Logical inference, d 128, 4 layers, 11,436 updates, one seed")
+    grid_and_legend(ax)
+    return fig
+
+
+def fasttrees_lstm_logic(results, plt):
+    """Test accuracy per operator count of the recurrent cells (``logic_lstm.sh`` rows; mean over seeds)."""
+    with open(os.path.join(FASTTREES_RESULTS, "logic_lstm.json"), encoding="utf-8") as f:
+        rows = json.load(f)
+    names = {"onlstm_classifier_logic": ("ON-LSTM", "s-"), "fasttrees_lstm_classifier_logic": ("FastTrees", "o-"),
+             "fasttrees_lstm_classifier_conv_logic": ("Conv. FastTrees", "^-")}
+    ops = list(range(1, 13))
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for arch, (label, style) in names.items():
+        runs = [r for r in rows if r["arch"] == arch]
+        if runs:
+            mean = [sum(r["accuracy_by_ops"][str(k)] for r in runs) / len(runs) for k in ops]
+            seeds = ", ".join(str(r["seed"]) for r in runs)
+            ax.plot(ops, mean, style, label=f"{label} (seeds {seeds})")
+    ax.axvspan(6.5, 12.5, color="grey", alpha=0.12, label="longer than any training formula")
+    size = rows[0]["size_flags"] if rows else ""
+    ax.set(xlabel="number of operators", ylabel="test accuracy (%)",
+           title=f"Logical inference, siamese recurrent encoders, embedding 128, {size}".strip(", "))
     grid_and_legend(ax)
     return fig
 

@@ -223,13 +223,16 @@ class FastTreesSublayer(nn.Module):
 
     ``causal`` sublayers (decoders) support fairseq's ``incremental_state``;
     ``bidirectional`` (encoders only) scans the second half of the units
-    right to left.
+    right to left.  ``scan``: ``"parallel"`` (:func:`linear_scan`) or
+    ``"loop"`` (:func:`sequential_scan`, the reference it is tested against).
     """
 
-    def __init__(self, embed_dim, opts: FastTreesConfig, causal=True, bidirectional=False):
+    def __init__(self, embed_dim, opts: FastTreesConfig, causal=True, bidirectional=False, scan="parallel"):
         super().__init__()
         if causal and bidirectional:
             raise ValueError("--fasttrees-bidirectional is for encoders only (a decoder must be causal)")
+        if scan not in ("parallel", "loop"):
+            raise ValueError(f"scan must be 'parallel' or 'loop', got {scan!r}")
         opts.validate(embed_dim, bidirectional)
         self.embed_dim, self.opts, self.causal = embed_dim, opts, causal
         self.chunk_size = opts.chunk_size
@@ -249,7 +252,7 @@ class FastTreesSublayer(nn.Module):
         self.master_input = nn.Linear(hidden, self.n_chunk)
         # standard ON-LSTM gates from x_t only: o, ĉ, i, f
         self.gates = nn.Linear(embed_dim, 4 * embed_dim)
-        self.scan = "parallel"  # or "loop" (reference / benchmarks)
+        self.scan = scan
         self.record_distance = False
         self.distance: Optional[Tensor] = None
 
