@@ -7,13 +7,13 @@ from fairseq.data import data_utils
 from tests.helpers import beam
 from tests.helpers.host_sync import count_host_syncs
 from tests.helpers.models import build, prev_output, random_sentences
-from tests.test_capsule_transformer import ALL_MODULES, TINY
-from user_dir.modules import capsule_routing
+from tests.test_capsule_transformer import ALL_MODULES, IMPL, TINY
+from user_dir.models.capsule_transformer import IMPLEMENTATIONS
 from user_dir.modules.capsule_routing import CapsuleMultiheadAttention
 
 
-def _model(*extra):
-    return build("capsule_transformer", TINY + ALL_MODULES + list(extra), seed=0)
+def _model(*extra, impl="fast"):
+    return build("capsule_transformer", TINY + ALL_MODULES + list(extra) + ["--capsule-implementation", impl], seed=0)
 
 
 def _rows(d, n=3, length=8):
@@ -26,16 +26,15 @@ def _rows(d, n=3, length=8):
 @pytest.mark.parametrize("left_pad_source", [True, False], ids=["left-pad", "right-pad"])
 @pytest.mark.parametrize("extra", [[], ["--capsule-routing", "horizontal", "--capsule-squash", "rms"]],
                          ids=["both", "horizontal-rms"])
-@pytest.mark.parametrize("length", [6, 22, 70], ids=["short", "past-twice-head-width", "gram-free"])
-def test_beam_reorder_distinct_rows(left_pad_source, extra, length, monkeypatch):
-    """Prefixes of 6, 22 and 70 tokens: the decoder's kept logit rows (target length <= 2 x head width 8),
-    the kept Gram and suffix sums beyond, and past twice the width 32 (GRAM_FREE_DECODING set to 2) the
-    in-block Gram entries that replace the Gram are all reordered."""
-    monkeypatch.setattr(capsule_routing, "GRAM_FREE_DECODING", 2)
-    model, d = _model(*extra)
+@pytest.mark.parametrize("length", [6, 22, 70], ids=["short", "past-twice-head-width", "long"])
+@IMPL
+def test_beam_reorder_distinct_rows(left_pad_source, extra, length, impl):
+    """Prefixes of 6, 22 and 70 tokens: the fast decoder's kept logit rows (target length <= 2 x head width 8),
+    and beyond the kept u rows, in-block logits (blocks of 16) and Gram are all reordered."""
+    model, d = _model(*extra, impl=impl)
     srcs, prevs = _rows(d, length=length)
     schedule = None
-    if length > 64:  # reorders on both sides of the switch to gram-free decoding, the shrink after it
+    if length > 64:  # reorders across several blocks of 16 rows, the shrink after them
         permute, shrink = beam.default_schedule(len(srcs), 2, length).values()
         schedule = {20: permute, 66: permute, length - 2: shrink}
     beam.assert_beam_reorder(model, srcs, prevs, d.pad(), left_pad_source=left_pad_source, schedule=schedule)
@@ -48,22 +47,24 @@ def test_beam_check_catches_a_broken_reorder(mode):
     beam.assert_broken_reorder_caught(model, mode, srcs, prevs, d.pad())
 
 
-def test_beam_check_catches_unreordered_routing_state(monkeypatch):
-    """Only the capsule routing state (kept Gram, row factors, vertical sums) left unreordered:
+@IMPL
+def test_beam_check_catches_unreordered_routing_state(monkeypatch, impl):
+    """Only the capsule routing state (kept rows, Gram, row factors, vertical sums) left unreordered:
     fairseq's keys and values are still reordered, so this fails on the routing state alone."""
-    model, d = _model()
+    model, d = _model(impl=impl)
     srcs, prevs = _rows(d)
 
     def keys_and_values_only(self, incremental_state, new_order):
         return super(CapsuleMultiheadAttention, self).reorder_incremental_state(incremental_state, new_order)
 
-    monkeypatch.setattr(CapsuleMultiheadAttention, "reorder_incremental_state", keys_and_values_only)
+    monkeypatch.setattr(IMPLEMENTATIONS[impl][0], "reorder_incremental_state", keys_and_values_only)
     with pytest.raises(AssertionError, match="after reordering"):
         beam.assert_beam_reorder(model, srcs, prevs, d.pad())
 
 
-def test_sequence_generator_scores_equal_teacher_forced_forward():
-    model, d = _model()
+@IMPL
+def test_sequence_generator_scores_equal_teacher_forced_forward(impl):
+    model, d = _model(impl=impl)
     sizes = beam.assert_generator_matches_forward(model, d, random_sentences(d, [4, 12, 7], seed=6), beam=4,
                                                   max_len=14)
     assert sizes, "beam search never reordered its state"
@@ -75,11 +76,11 @@ def test_sequence_generator_scores_equal_teacher_forced_forward():
 # ------------------------------------------------------------------ host syncs
 
 
-@pytest.mark.parametrize("steps", [4, 20], ids=["short", "gram-free"])
-def test_no_host_sync_in_training_or_decoding(steps, monkeypatch):
-    """Decoding 20 steps with GRAM_FREE_DECODING 0.5 (width 32) takes the Gram-free routing from step 17."""
-    monkeypatch.setattr(capsule_routing, "GRAM_FREE_DECODING", 0.5)
-    model, d = _model()
+@pytest.mark.parametrize("steps", [4, 20], ids=["short", "past-a-block"])
+@IMPL
+def test_no_host_sync_in_training_or_decoding(steps, impl):
+    """Decoding 20 steps takes the fast decoder past its kept logit rows (8) and its first block of 16 rows."""
+    model, d = _model(impl=impl)
     srcs = random_sentences(d, [6, 3, 9], seed=9)
     tgts = random_sentences(d, [steps, 7, 2], seed=10)
     tokens = data_utils.collate_tokens(srcs, d.pad(), left_pad=True)
@@ -107,9 +108,9 @@ def test_no_host_sync_in_training_or_decoding(steps, monkeypatch):
 
 @pytest.mark.parametrize("grad", [False, True], ids=["no-grad", "grad"])
 def test_state_growth_applies_the_beam_order(grad):
-    """append_rows / grow_gram / grow_rows equal an index_select then a cat (and keep autograd when it
-    is on), their results being views of buffers with spare steps."""
-    from user_dir.modules.capsule_routing import append_rows, grow_gram, grow_rows
+    """append_rows / grow_gram / grow_rows (the fast decoder's state growth) equal an index_select then a cat
+    (and keep autograd when it is on)."""
+    from user_dir.modules.capsule_routing_fast import append_rows, grow_gram, grow_rows
 
     g = torch.Generator().manual_seed(0)
     order = torch.tensor([2, 0, 0, 1])  # 3 rows to 4: permuted and duplicated
@@ -119,7 +120,6 @@ def test_state_growth_applies_the_beam_order(grad):
         grown = append_rows(kept, new, order)
         expected = torch.cat([kept.index_select(0, order), new], dim=1)
         assert torch.equal(grown, expected)
-        assert grown.untyped_storage().nbytes() > grown.numel() * grown.element_size()  # room for more steps
         gram = torch.randn(3, 5, 5, generator=g)
         gram = gram + gram.transpose(1, 2)
         cols = torch.randn(4, 6, 1, generator=g)
@@ -135,10 +135,11 @@ def test_state_growth_applies_the_beam_order(grad):
         assert torch.equal(kept.grad[:, 0, 0], torch.tensor([2.0, 1.0, 1.0]))  # row 0 taken twice
 
 
-def test_reorders_before_a_step_compose():
-    """Two reorders between decoding steps (deferred, composed) give what reordering the state twice
-    would: the next step equals a model whose state was reordered once by the composed order."""
-    model, d = _model()
+@IMPL
+def test_reorders_before_a_step_compose(impl):
+    """Two reorders between decoding steps (deferred and composed when fast) give what reordering the state
+    twice would: the next step equals a model whose state was reordered once by the composed order."""
+    model, d = _model(impl=impl)
     srcs, prevs = _rows(d, n=2, length=5)
     tokens = data_utils.collate_tokens(srcs, d.pad(), left_pad=True)
     lengths = torch.tensor([len(s) for s in srcs])

@@ -12,7 +12,7 @@ from fairseq.data import data_utils
 
 from tests.helpers import precision
 from tests.helpers.models import build, random_sentences, toy_dictionary
-from tests.test_capsule_transformer import ALL_MODULES
+from tests.test_capsule_transformer import ALL_MODULES, IMPL
 
 # 2 + 2 layers, 8 heads: the size the float16 overflow was found at (issue 14)
 SIZES = ["--encoder-layers", 2, "--decoder-layers", 2, "--encoder-embed-dim", 64, "--decoder-embed-dim", 64,
@@ -21,8 +21,9 @@ SIZES = ["--encoder-layers", 2, "--decoder-layers", 2, "--encoder-embed-dim", 64
 SHARPEN = 8.0
 
 
-def _pair(*extra):
+def _pair(*extra, impl="fast"):
     d = toy_dictionary(60)
+    extra = extra + ("--capsule-implementation", impl)
     capsule, _ = build("capsule_transformer", SIZES + ALL_MODULES + list(extra), dictionary=d, seed=0)
     vanilla, _ = build("transformer", SIZES, dictionary=d, seed=0)
     vanilla.load_state_dict({k: v for k, v in capsule.state_dict().items() if ".capsule." not in k})
@@ -51,10 +52,11 @@ CASES = {
 }
 
 
+@IMPL
 @pytest.mark.parametrize("dtype", precision.LOW_PRECISION, ids=["fp16", "bf16"])
 @pytest.mark.parametrize("case", list(CASES))
-def test_low_precision_close_to_float32_like_fairseq(dtype, case):
-    capsule, vanilla, d = _pair()
+def test_low_precision_close_to_float32_like_fairseq(dtype, case, impl):
+    capsule, vanilla, d = _pair(impl=impl)
     run = _run(d, *CASES[case])
     err, base = precision.assert_low_precision_close(capsule, run, vanilla, run, dtype)
     assert err > 0  # the model did run in low precision
@@ -95,13 +97,14 @@ def test_autocast_bf16_forward_backward(case):
     assert routing and any(p.grad is not None and p.grad.abs().sum() > 0 for p in routing)
 
 
+@IMPL
 @pytest.mark.parametrize("dtype", precision.LOW_PRECISION, ids=["fp16", "bf16"])
-def test_low_precision_beam_search_runs_on_kept_state(dtype):
+def test_low_precision_beam_search_runs_on_kept_state(dtype, impl):
     """Beam search in float16 / bfloat16 for 24 target tokens, so decoding passes from kept logit rows to
     kept u rows (twice the head width, 8, is 16): it runs and every hypothesis score is finite."""
     from fairseq.sequence_generator import SequenceGenerator
 
-    capsule, _, d = _pair()
+    capsule, _, d = _pair(impl=impl)
     model = capsule.to(dtype)
     srcs = random_sentences(d, [30, 12], seed=21)
     sample = {"net_input": {"src_tokens": data_utils.collate_tokens(srcs, d.pad(), left_pad=True),

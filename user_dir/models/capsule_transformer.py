@@ -15,7 +15,10 @@ Flags (besides all of ``transformer``'s):
   ``--routed-decoder-layers`` restrict routing to some layer indices;
 * ``--capsule-squash {l2,rms}`` (default ``l2``) and ``--horizontal-max-distance D``;
 * ``--capsule-omega-gate``: a learned per-head scale on ``Ω``, initialised to 0
-  (not in the paper; decision 7 in :mod:`user_dir.modules.capsule_routing`).
+  (not in the paper; decision 7 in :mod:`user_dir.modules.capsule_routing`);
+* ``--capsule-implementation {fast,reference}`` (default ``fast``): the same routing computed from
+  Gram matrices and the query/key factors (:mod:`user_dir.modules.capsule_routing_fast`) or on
+  explicit capsules as the paper states it (:mod:`user_dir.modules.capsule_routing`).
 
 Presets: ``capsule_transformer`` (transformer_wmt_en_de sizes, = base),
 ``capsule_transformer_wmt_en_de_big`` and ``capsule_transformer_iwslt_de_en``.
@@ -53,13 +56,18 @@ from user_dir.modules.capsule_routing import (
     CapsuleRouting,
     check_routing_iters,
 )
+from user_dir.modules.capsule_routing_fast import FastCapsuleMultiheadAttention, FastCapsuleRouting
 from user_dir.tasks.kinds import check_task_kind
 
 logger = logging.getLogger(__name__)
 
 ATTENTION_MODULES = ("enc_self", "dec_self", "enc_dec")
 ROUTING_SETTINGS = ("routing_iters", "capsule_routing", "routed_attention", "routed_encoder_layers",
-                    "routed_decoder_layers", "capsule_squash", "horizontal_max_distance", "capsule_omega_gate")
+                    "routed_decoder_layers", "capsule_squash", "horizontal_max_distance", "capsule_omega_gate",
+                    "capsule_implementation")
+# --capsule-implementation: (attention, routing) classes; both compute the same Ω, with the same parameters
+IMPLEMENTATIONS = {"fast": (FastCapsuleMultiheadAttention, FastCapsuleRouting),
+                   "reference": (CapsuleMultiheadAttention, CapsuleRouting)}
 
 
 @dataclass
@@ -84,6 +92,10 @@ class CapsuleTransformerConfig(TransformerConfig):
     capsule_omega_gate: bool = field(
         default=False, metadata={"help": "learned per-head scale on the routing output, initialised to 0 "
                                          "(not in the paper: training starts from the plain transformer)"})
+    capsule_implementation: ChoiceEnum(tuple(IMPLEMENTATIONS)) = field(
+        default="fast", metadata={"help": "fast: Gram matrices from the query/key factors (capsule_routing_fast); "
+                                          "reference: the paper's routing on explicit capsules (capsule_routing), "
+                                          "same outputs, slower"})
 
 
 _DEFAULTS = {f.name: f.default for f in fields(CapsuleTransformerConfig) if f.name in ROUTING_SETTINGS}
@@ -132,10 +144,13 @@ def routing_plan(cfg):
             for n in ATTENTION_MODULES}
 
 
-def _routing(cfg, heads, causal):
-    return CapsuleRouting(heads, routing=str(cfg.capsule_routing), iters=cfg.routing_iters, causal=causal,
-                          squash=str(cfg.capsule_squash), max_distance=cfg.horizontal_max_distance,
-                          omega_gate=cfg.capsule_omega_gate)
+def _attention(cfg, embed_dim, heads, causal, **kwargs):
+    """A capsule-routed attention module of the implementation ``--capsule-implementation`` selects."""
+    attention, routing = IMPLEMENTATIONS[str(getattr(cfg, "capsule_implementation", "fast"))]
+    capsule = routing(heads, routing=str(cfg.capsule_routing), iters=cfg.routing_iters, causal=causal,
+                      squash=str(cfg.capsule_squash), max_distance=cfg.horizontal_max_distance,
+                      omega_gate=cfg.capsule_omega_gate)
+    return attention(embed_dim, heads, capsule, **kwargs)
 
 
 class CapsuleEncoderLayer(TransformerEncoderLayerBase):
@@ -148,9 +163,8 @@ class CapsuleEncoderLayer(TransformerEncoderLayerBase):
     def build_self_attention(self, embed_dim, cfg):
         if not self._routed:
             return super().build_self_attention(embed_dim, cfg)
-        return CapsuleMultiheadAttention(
-            embed_dim, cfg.encoder.attention_heads, _routing(cfg, cfg.encoder.attention_heads, causal=False),
-            dropout=cfg.attention_dropout, self_attention=True, q_noise=self.quant_noise,
+        return _attention(
+            cfg, embed_dim, cfg.encoder.attention_heads, causal=False, dropout=cfg.attention_dropout, self_attention=True, q_noise=self.quant_noise,
             qn_block_size=self.quant_noise_block_size)
 
 
@@ -168,17 +182,15 @@ class CapsuleDecoderLayer(TransformerDecoderLayerBase):
     def build_self_attention(self, embed_dim, cfg, add_bias_kv=False, add_zero_attn=False):
         if not self._route_self:
             return super().build_self_attention(embed_dim, cfg, add_bias_kv, add_zero_attn)
-        return CapsuleMultiheadAttention(
-            embed_dim, cfg.decoder.attention_heads, _routing(cfg, cfg.decoder.attention_heads, causal=True),
-            dropout=cfg.attention_dropout, add_bias_kv=add_bias_kv, add_zero_attn=add_zero_attn,
+        return _attention(
+            cfg, embed_dim, cfg.decoder.attention_heads, causal=True, dropout=cfg.attention_dropout, add_bias_kv=add_bias_kv, add_zero_attn=add_zero_attn,
             self_attention=True, q_noise=self.quant_noise, qn_block_size=self.quant_noise_block_size)
 
     def build_encoder_attention(self, embed_dim, cfg):
         if not self._route_cross:
             return super().build_encoder_attention(embed_dim, cfg)
-        return CapsuleMultiheadAttention(
-            embed_dim, cfg.decoder.attention_heads, _routing(cfg, cfg.decoder.attention_heads, causal=True),
-            kdim=cfg.encoder.embed_dim, vdim=cfg.encoder.embed_dim, dropout=cfg.attention_dropout,
+        return _attention(
+            cfg, embed_dim, cfg.decoder.attention_heads, causal=True, kdim=cfg.encoder.embed_dim, vdim=cfg.encoder.embed_dim, dropout=cfg.attention_dropout,
             encoder_decoder_attention=True, q_noise=self.quant_noise, qn_block_size=self.quant_noise_block_size)
 
 
