@@ -6,7 +6,10 @@ import torch
 
 from tests.helpers.ddp import assert_ddp_matches_single_process
 from tests.helpers.models import build, random_sentences, toy_dictionary
-from user_dir.modules.star_transformer_layer import StarTransformer, StarTransformerOptions
+from user_dir.modules import star_ring_core
+from user_dir.modules.star_ring_core import BLOCK_ROWS, RingNeighbours
+from user_dir.modules.star_transformer_layer import (FusedRingAttention, RingAttention, StarTransformer,
+                                                     StarTransformerOptions)
 
 TINY = ["--encoder-embed-dim", "16", "--encoder-attention-heads", "2", "--encoder-layers", "2",
         "--max-positions", "32", "--dropout", "0", "--pooler-dropout", "0"]
@@ -90,13 +93,15 @@ def _naive_cycle_reference(star, x, pad):
     return nodes_out, relays
 
 
+@pytest.mark.parametrize("core", ["fused", "reference"])
 @pytest.mark.parametrize("wrap", [True, False])
 @pytest.mark.parametrize("left_pad", [False, True])
-def test_matches_naive_reference(wrap, left_pad):
-    """The shifted/sliced ring attention equals an explicit per-token loop (paper semantics)."""
+def test_matches_naive_reference(wrap, left_pad, core):
+    """The shifted/sliced ring attention (either core) equals an explicit per-token loop (paper semantics)."""
     torch.manual_seed(1)
     star = StarTransformer(StarTransformerOptions(encoder_embed_dim=12, encoder_layers=2, encoder_attention_heads=3,
-                                                  max_positions=16, dropout=0.0, star_no_ring_wrap=not wrap)).eval()
+                                                  max_positions=16, dropout=0.0, star_no_ring_wrap=not wrap,
+                                                  star_ring_core=core)).eval()
     lengths = [6, 4, 1, 2]
     n = max(lengths)
     x = torch.randn(len(lengths), n, 12)
@@ -129,6 +134,7 @@ def test_ring_wrap_links_first_and_last_token():
     ["--arch", "star_transformer_fastnlp"],
     ["--star-norm-position", "pre", "--star-residual", "--encoder-ffn-embed-dim", "32", "--init-std", "0.02"],
     ["--star-no-ring-wrap", "--star-activation", "leaky_relu", "--encoder-head-dim", "5"],
+    ["--star-ring-core", "reference"],
     ["--encoder-type", "transformer"],  # the A/B baseline behind the same heads
 ])
 def test_padding_invariance_classification(extra):
@@ -292,47 +298,57 @@ def test_checkpoint_activations_same_gradients():
         assert torch.allclose(a, b, atol=1e-5)
 
 
-def _fused_vs_autograd(B, n, pad, wrap, mask_pads, p_drop=0.0):
-    """Outputs and input/parameter gradients of RingAttention with _RingCore and with autograd."""
-    from user_dir.modules.star_transformer_layer import RingAttention, _Ring
+def _ring_attention(core, d, heads, head_dim, p_drop=0.0, block_rows=BLOCK_ROWS):
+    """The ring attention a cycle builds for ``--star-ring-core core``."""
+    if core == "fused":
+        return FusedRingAttention(d, heads, head_dim, p_drop, block_rows=block_rows)
+    return RingAttention(d, heads, head_dim, p_drop)
 
+
+def _run_ring_core(core, B, n, pad, wrap, mask_pads, p_drop=0.0, block_rows=BLOCK_ROWS, dtype=torch.double):
+    """Outputs and input/parameter gradients of one core's ring attention on fixed seeds."""
     torch.manual_seed(0)
     d, heads, dh = 12, 3, 5
-    ra = RingAttention(d, heads, dh, p_drop).double().train()
+    ra = _ring_attention(core, d, heads, dh, p_drop, block_rows).double().train()
     for p in ra.parameters():
         torch.nn.init.normal_(p, 0.0, 0.3)
-    ring = _Ring(pad, B, n, "cpu", wrap, mask_pads)
+    ra = ra.to(dtype)
+    ring = RingNeighbours(pad, B, n, "cpu", wrap, mask_pads)
     inputs = [torch.randn(B, n, d, dtype=torch.double), torch.randn(B, n, d, dtype=torch.double),
               torch.randn(B, 1, d, dtype=torch.double)]
-    g = torch.randn(B, n, d, dtype=torch.double)
-    results = []
-    for fused in (True, False):
-        ra.fused = fused
-        ra.zero_grad()
-        xs = [x.clone().requires_grad_() for x in inputs]
-        torch.manual_seed(1)  # same attention-dropout mask
-        y = ra(*xs, ring)
-        (y * g).sum().backward()
-        results.append([y.detach()] + [x.grad for x in xs] + [p.grad.clone() for p in ra.parameters()])
-    assert len(results[0]) == 3 + 1 + 8
-    for a, b in zip(*results):
-        assert torch.allclose(a, b, atol=1e-10), (a - b).abs().max()
+    g = torch.randn(B, n, d, dtype=torch.double).to(dtype)
+    xs = [x.to(dtype).requires_grad_() for x in inputs]
+    torch.manual_seed(1)  # same attention-dropout mask
+    y = ra(*xs, ring)
+    (y * g).sum().backward()
+    return [y.detach()] + [x.grad for x in xs] + [p.grad.clone() for p in ra.parameters()]
+
+
+def _cores_agree(*args, atol=1e-10, **kw):
+    fused, reference = (_run_ring_core(core, *args, **kw) for core in ("fused", "reference"))
+    assert len(fused) == len(reference) == 3 + 1 + 8
+    for a, b in zip(fused, reference):
+        assert torch.allclose(a.double(), b.double(), rtol=0, atol=atol * max(1.0, b.abs().max().item())), \
+            (a - b).abs().max()
+
+
+def _short_pad_mask():
+    pad = torch.zeros(3, 7, dtype=torch.bool)
+    pad[1, 5:] = True  # right padding
+    pad[2, :2] = True  # left and right padding
+    pad[2, 6:] = True
+    return pad
 
 
 @pytest.mark.parametrize("wrap,mask_pads,p_drop", [(True, True, 0.0), (True, False, 0.3), (False, True, 0.3),
                                                    (False, False, 0.0)])
-def test_fused_ring_attention_matches_autograd(wrap, mask_pads, p_drop):
-    """The hand-written backward of the ring core (_RingCore) gives autograd's outputs and gradients."""
-    B, n = 3, 7
-    pad = torch.zeros(B, n, dtype=torch.bool)
-    pad[1, 5:] = True  # right padding
-    pad[2, :2] = True  # left and right padding
-    pad[2, 6:] = True
-    _fused_vs_autograd(B, n, pad, wrap, mask_pads, p_drop)
+def test_fused_ring_core_matches_reference(wrap, mask_pads, p_drop):
+    """The hand-written backward of the fused core gives the reference's outputs and gradients (padded batch)."""
+    _cores_agree(3, 7, _short_pad_mask(), wrap, mask_pads, p_drop)
 
 
 def _long_pad_mask():
-    """B 3, n 23: no padding, right padding (the last token in the last block), left padding
+    """B 4, n 23: no padding, right padding (the last token in the last block), left padding
     with the first token mid-block and the last one in another block, and a 1-token sentence."""
     pad = torch.zeros(4, 23, dtype=torch.bool)
     pad[1, 20:] = True
@@ -345,33 +361,71 @@ def _long_pad_mask():
 
 @pytest.mark.parametrize("padded", [False, True])
 @pytest.mark.parametrize("wrap,mask_pads", [(True, True), (True, False), (False, True), (False, False)])
-def test_fused_ring_attention_in_blocks_matches_autograd(wrap, mask_pads, padded, monkeypatch):
-    """A long input runs through _RingCore block by block (with halo rows and, for the closed
-    ring, copies of each sentence's wrapped neighbours wherever the padding puts them): same
-    outputs and gradients as autograd, padded batches included."""
-    from user_dir.modules.star_transformer_layer import _RingCore
-
-    monkeypatch.setattr(_RingCore, "block_rows", 4)
-    blocks = []
-    project = _RingCore._project
-    monkeypatch.setattr(_RingCore, "_project", staticmethod(lambda h, *a: blocks.append(h.shape[1]) or project(h, *a)))
+def test_fused_ring_core_in_blocks_matches_reference(wrap, mask_pads, padded, monkeypatch):
+    """A long input (n > block_rows) runs through the fused core block by block (with halo rows and,
+    for the closed ring, copies of each sentence's wrapped neighbours wherever the padding puts
+    them): same outputs and gradients as the reference, padded batches included."""
+    blocks, project = [], star_ring_core.project
+    monkeypatch.setattr(star_ring_core, "project", lambda h, *a: blocks.append(h.shape[1]) or project(h, *a))
     pad = _long_pad_mask() if padded else None
-    _fused_vs_autograd(4 if padded else 2, 23, pad, wrap, mask_pads)  # 6 blocks, the last one short
+    _cores_agree(4 if padded else 2, 23, pad, wrap, mask_pads, block_rows=4)  # 6 blocks, the last one short
     assert len(blocks) == 12 and max(blocks) <= 4 + 2 * 2 + 3  # forward and backward went block by block
 
 
-def test_fused_ring_attention_keeps_little_for_backward():
-    """_RingCore saves only its inputs and the 5-way probabilities, not the six n x d projections."""
-    from user_dir.modules.star_transformer_layer import RingAttention, _Ring
+@pytest.mark.parametrize("block_rows", [4, BLOCK_ROWS])
+def test_fused_ring_core_matches_reference_in_bfloat16(block_rows):
+    """bfloat16, padded, in blocks and in one: each output and gradient of the fused core is within 3x
+    the reference core's bfloat16 error (both against the float64 reference)."""
+    args = 4, 23, _long_pad_mask(), True, True
+    exact = _run_ring_core("reference", *args)
+    fused, reference = (_run_ring_core(core, *args, block_rows=block_rows, dtype=torch.bfloat16)
+                        for core in ("fused", "reference"))
+    for f, r, x in zip(fused, reference, exact):
+        assert (f.double() - x).abs().max() <= 3 * (r.double() - x).abs().max() + 1e-3
 
+
+def _run_stack(core, dtype=torch.double, ring_block_rows=4):
+    """Outputs and gradients of a padded Star stack (n 23, FFN, residual) built with ``star_ring_core=core``."""
+    torch.manual_seed(0)
+    star = StarTransformer(StarTransformerOptions(encoder_embed_dim=12, encoder_layers=2, encoder_attention_heads=3,
+                                                  encoder_ffn_embed_dim=16, star_residual=True, max_positions=32,
+                                                  dropout=0.0, star_ring_core=core), ring_block_rows=ring_block_rows)
+    kind = {"fused": FusedRingAttention, "reference": RingAttention}[core]
+    assert all(type(cycle.ring_attn) is kind for cycle in star.cycles)
+    star = star.double().to(dtype).train()
+    x = torch.randn(4, 23, 12, dtype=torch.double).to(dtype).requires_grad_()
+    g = torch.randn(4, 23, 12, dtype=torch.double).to(dtype)
+    nodes, relay = star(x, _long_pad_mask())
+    ((nodes * g).sum() + relay.sum()).backward()
+    return [nodes.detach(), relay.detach(), x.grad] + [p.grad for p in star.parameters()]
+
+
+@pytest.mark.parametrize("core", ["fused", "reference"])
+def test_star_transformer_ring_core_option(core):
+    """``star_ring_core`` builds the cycles' ring attention; the whole padded stack in blocks of 4 gives
+    the reference stack's outputs and gradients with either core."""
+    for a, b in zip(_run_stack(core), _run_stack("reference", ring_block_rows=BLOCK_ROWS)):
+        assert torch.allclose(a, b, rtol=0, atol=1e-10 * max(1.0, b.abs().max().item()))
+
+
+def test_star_transformer_ring_cores_in_bfloat16():
+    """A bfloat16 stack with the fused core (in blocks) is within 3x the reference core's bfloat16 error
+    (+ 0.01 for the gradients that are 0 in exact arithmetic, e.g. of biases a softmax or LayerNorm cancels)."""
+    exact = _run_stack("reference")
+    fused, reference = (_run_stack(core, torch.bfloat16) for core in ("fused", "reference"))
+    for f, r, x in zip(fused, reference, exact):
+        assert (f.double() - x).abs().max() <= 3 * (r.double() - x).abs().max() + 1e-2
+
+
+def test_fused_ring_core_keeps_little_for_backward():
+    """The fused core saves only its inputs and the 5-way probabilities, not the six n x d projections."""
     B, n, d, heads = 1, 64, 32, 4
-    ra = RingAttention(d, heads, d // heads).train()
     h, e, s = torch.randn(B, n, d, requires_grad=True), torch.randn(B, n, d), torch.randn(B, 1, d)
-    known = {t.untyped_storage().data_ptr() for t in [h, e, s, *ra.parameters()]}
-    ring = _Ring(None, B, n, "cpu", True, True)
+    ring = RingNeighbours(None, B, n, "cpu", True, True)
     saved = {}
-    for fused in (True, False):
-        ra.fused = fused
+    for core in ("fused", "reference"):
+        ra = _ring_attention(core, d, heads, d // heads).train()
+        known = {t.untyped_storage().data_ptr() for t in [h, e, s, *ra.parameters()]}
         kept = {}
 
         def pack(t):
@@ -381,9 +435,9 @@ def test_fused_ring_attention_keeps_little_for_backward():
 
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
             ra(h, e, s, ring)
-        saved[fused] = sum(kept.values()) / (n * d * 4)  # in units of one n x d float tensor
-    assert saved[True] <= 5 / (d // heads) + 0.01  # the probabilities only
-    assert saved[False] >= 5  # q, k, v, k(e), v(e), attention output ...
+        saved[core] = sum(kept.values()) / (n * d * 4)  # in units of one n x d float tensor
+    assert saved["fused"] <= 5 / (d // heads) + 0.01  # the probabilities only
+    assert saved["reference"] >= 5  # q, k, v, k(e), v(e), attention output ...
 
 
 def test_block_dropout_flag():
