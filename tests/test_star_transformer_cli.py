@@ -327,3 +327,31 @@ def test_checkpoint_trained_with_word_vectors_loads_without_the_file(sst_bin, tm
     d = Dictionary.load(os.path.join(sst_bin, "input0", "dict.txt"))
     for w, v in words.items():  # frozen: the file's vectors, restored from the checkpoint
         assert torch.allclose(table[d.index(w)], torch.tensor(v)), w
+
+
+def test_converged_experiment_script_writes_a_row(tmp_path):
+    """benchmarks/star_transformer/converged.sh sst5 on a fake SST corpus (tiny Star, 2 epochs): one row with the
+    dev and test accuracy; run again, nothing is repeated; an interrupted run gives no row."""
+    import json
+
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    rng = random.Random(1)
+    for split, n in (("train", 40), ("dev", 12), ("test", 12)):
+        (raw / f"stsa.fine.{split}").write_text("".join(f"{rng.randint(0, 4)} {s}\n" for s in _sentences(n, rng)))
+    results, work = tmp_path / "rows.json", tmp_path / "w"
+    env = {"RAW": str(raw), "MAX_EPOCH": "2", "RESULTS": str(results), "PYTHON": cli.tool("python"),
+           "STAR_ARGS": "--encoder-embed-dim 16 --encoder-attention-heads 2 --encoder-head-dim 0 "
+                        "--classifier-hidden-dim 8"}
+    cmd = ["bash", os.path.join(cli.ROOT, "benchmarks/star_transformer/converged.sh"), "sst5", "star", 1, work]
+    cli.run(cmd, env=env)
+    (row,) = json.load(open(results))
+    assert (row["task"], row["model"], row["seed"], row["epochs"], row["converged"]) == ("sst5", "star", 1, 2, False)
+    assert 0 <= row["test"] <= 100 and 0 <= row["best_dev"] <= 100
+    assert json.loads(cli.run(cmd, env=env).stdout) == row  # finished: not repeated
+    (work / "result.json").unlink()
+    (log,) = work.glob("train_*.log")
+    log.write_text(log.read_text().split("epoch 002 | valid")[0])
+    proc = cli.run(["bash", "-c", f"cd {cli.ROOT} && {cli.tool('python')} benchmarks/star_transformer/converged_rows.py "
+                    f"--work {work} --task sst5 --model star --seed 1 --max-epoch 2 --command x"], check=False)
+    assert proc.returncode != 0 and "interrupted run" in proc.stderr

@@ -11,19 +11,8 @@ import os
 import re
 import sys
 
-from rows import record, run_arguments, train_seconds
-
-
-def parse_train_log(path):
-    """(updates, epochs, validation accuracies in order, stopped early) of a fairseq-train log."""
-    with open(path, encoding="utf-8") as f:
-        text = f.read()
-    valid = [(int(e), float(a), int(u)) for e, a, u in re.findall(
-        r"epoch (\d+) \| valid on 'valid' subset \|.*?\| accuracy ([\d.]+) \|.*?num_updates (\d+)", text)]
-    if not valid:
-        raise SystemExit(f"logic_rows: {path} holds no validation line; did training run?")
-    early = "early stop since valid performance hasn't improved" in text
-    return valid[-1][2], valid[-1][0], [a for _, a, _ in valid], early
+from rows import record, run_arguments
+from user_dir.result_rows import parse_train_log, train_seconds
 
 
 def parse_validate(path):
@@ -37,7 +26,7 @@ def parse_validate(path):
 
 def main(argv=None):
     args = run_arguments(__doc__.split("\n\n")[0], "--max-epoch", argv)
-    updates, epochs, valid, early = parse_train_log(os.path.join(args.work, "train.log"))
+    updates, epochs, valid, early = parse_train_log(os.path.join(args.work, "train.log"), "accuracy")
     if not early and epochs < args.max_epoch:
         raise SystemExit(f"logic_rows: {args.work} stopped at epoch {epochs}, neither by --patience nor at "
                          f"--max-epoch {args.max_epoch}: an interrupted run (run the command again)")

@@ -7,7 +7,8 @@ import os
 import re
 import sys
 
-from rows import record, train_seconds
+from rows import record
+from user_dir.result_rows import train_seconds
 
 
 def sequence_accuracy(generate_output):

@@ -10,7 +10,8 @@ import os
 import re
 import sys
 
-from rows import record, run_arguments, train_seconds
+from rows import record, run_arguments
+from user_dir.result_rows import train_seconds
 
 
 def read(path):

@@ -17,7 +17,7 @@ import os
 import statistics
 import sys
 
-from rows import upsert
+from user_dir.result_rows import upsert
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 NAMES = {"onlstm_classifier_logic": "ON-LSTM", "fasttrees_lstm_classifier_logic": "FastTrees (FFN master gates)",
@@ -115,7 +115,7 @@ def main(argv=None):
         print("PTB language model and unsupervised parsing\n\n" + ptb_table(ptb) + "\n")
     claim = logic_claim(logic)
     if args.claims and claim:
-        upsert(args.claims, claim, key=lambda r: r["id"])
+        upsert(args.claims, [claim], key=lambda r: r["id"])
 
 
 if __name__ == "__main__":

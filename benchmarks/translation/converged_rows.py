@@ -8,45 +8,15 @@ history and whether training stopped by ``--patience`` (``converged``) or at ``-
 at the same time (``benchmarks/gpu/multi30k_converged.sh``) take turns at the file (an exclusive lock).
 """
 import argparse
-import fcntl
 import json
 import os
-import re
 import sys
 
-
-def parse_log(path):
-    """(updates, epochs, validation losses in order, stopped early) of a fairseq-train log."""
-    with open(path, encoding="utf-8") as f:
-        text = f.read()
-    valid = [(int(e), float(l), int(u)) for e, l, u in re.findall(
-        r"epoch (\d+) \| valid on 'valid' subset \| loss ([\d.]+) \|.*?num_updates (\d+)", text)]
-    if not valid:
-        raise SystemExit(f"converged_rows: {path} holds no validation line; did training run?")
-    early = "early stop since valid performance hasn't improved" in text
-    return valid[-1][2], valid[-1][0], [loss for _, loss, _ in valid], early
+from user_dir.result_rows import parse_train_log, train_seconds, upsert
 
 
 def key(row):
     return row["arch"], row["routing"] or "", row["seed"], row.get("device", "cpu")
-
-
-def upsert(path, new_rows, key=key):
-    """Replaces the rows of the JSON list at ``path`` (created if absent) that have the ``key`` of one of
-    ``new_rows`` by those, keeping the list sorted by ``key``; runs finishing together take turns (a lock)."""
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    with open(path + ".lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        rows = []
-        if os.path.exists(path):
-            with open(path) as f:
-                rows = json.load(f)
-        replaced = {key(r) for r in new_rows}
-        rows = sorted([r for r in rows if key(r) not in replaced] + list(new_rows), key=key)
-        with open(path + ".tmp", "w") as f:
-            json.dump(rows, f, indent=1)
-            f.write("\n")
-        os.replace(path + ".tmp", path)
 
 
 def main(argv=None):
@@ -62,12 +32,8 @@ def main(argv=None):
     p.add_argument("--command", required=True)
     p.add_argument("--results", default=None)
     args = p.parse_args(argv)
-    updates, epochs, losses, early = parse_log(os.path.join(args.work, "train.log"))
-    seconds_file = os.path.join(args.work, "train_seconds")
-    seconds = None
-    if os.path.exists(seconds_file):
-        with open(seconds_file) as f:
-            seconds = sum(int(x) for x in f.read().split())
+    updates, epochs, losses, early = parse_train_log(os.path.join(args.work, "train.log"), "loss")
+    seconds = train_seconds(args.work)
     row = {
         "arch": args.arch, "routing": args.routing or None, "seed": args.seed, "updates": updates,
         "epochs": epochs, "converged": early, "best_valid_loss": min(losses),
@@ -80,7 +46,7 @@ def main(argv=None):
     with open(os.path.join(args.work, "result.json"), "w") as f:
         json.dump(row, f, indent=1)
     if args.results:
-        upsert(args.results, [row])
+        upsert(args.results, [row], key)
     print(json.dumps(row))
 
 

@@ -15,8 +15,9 @@ import json
 import os
 import sys
 
-from converged_rows import upsert
 from paired_seeds import mean_se, paired
+
+from user_dir.result_rows import upsert
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 CONFIGS = [("transformer", None), ("capsule_transformer", "enc_self"), ("capsule_transformer", "default"),

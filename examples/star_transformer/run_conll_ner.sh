@@ -6,6 +6,7 @@
 #   TAG_COLUMN=1 NAME=conll03-pos bash examples/star_transformer/run_conll_ner.sh     # POS from the same files
 #   PTB=1 bash examples/star_transformer/run_conll_ner.sh                             # PTB POS sample (NLTK)
 #   CRF=1 ...  adds a CRF layer
+#   MAX_EPOCH=50 PATIENCE=5 MAX_UPDATE=1000000 ...   until dev F1 has not improved for 5 epochs
 # LR: Adam learning rate of both models (default 1e-3, as chosen on SST; the fastNLP POS reproduction
 # uses 3e-4 with GloVe).  MODELS="star transformer" (default) or one of them (to run the two in parallel).
 set -euo pipefail
@@ -26,10 +27,10 @@ if [ ! -d "$WORK/data" ]; then
 fi
 EXTRA=(); [ -n "${CRF:-}" ] && EXTRA+=(--crf); [ -n "${VECTORS:-}" ] && EXTRA+=(--pretrained-embeddings "$VECTORS" --freeze-embeddings)
 COMMON=(--task sequence_tagging --criterion sequence_tagging --max-positions 256 --optimizer adam --lr "$LR"
-        --weight-decay 2e-5 --clip-norm 5 --batch-size 64 --max-update "$MAX_UPDATE" --max-epoch 0 --seed "$SEED"
+        --weight-decay 2e-5 --clip-norm 5 --batch-size 64 --max-update "$MAX_UPDATE" --max-epoch "${MAX_EPOCH:-0}" --seed "$SEED"
         --num-workers 0 --log-format simple --log-interval 100 --no-epoch-checkpoints
         --best-checkpoint-metric span_f1 --maximize-best-checkpoint-metric --user-dir "$ROOT/user_dir"
-        --arch star_transformer_tagging "${EXTRA[@]}")
+        --arch star_transformer_tagging "${EXTRA[@]}" ${PATIENCE:+--patience "$PATIENCE"})
 [ -n "${PTB:-}" ] && COMMON+=(--best-checkpoint-metric accuracy)
 for enc in $MODELS; do
   start=$(date +%s)

@@ -6,6 +6,7 @@
 # at 400 updates (random embeddings): Star dev 27.3 / 37.6, Transformer dev 37.6 / 37.1 (test 35.7 / 38.8);
 # see docs/star_transformer.md "Learning rate".  The fastNLP reproduction uses 1e-4 with frozen GloVe.  MODELS="star transformer" (default) or one of them (to run the two in parallel).
 # Pre-trained vectors (paper: GloVe 840B, frozen): VECTORS=/path/glove.840B.300d.txt
+# Until convergence: MAX_EPOCH=50 PATIENCE=5 MAX_UPDATE=1000000 (stops when dev accuracy has not improved for 5 epochs).
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 SHARED_DATA=${SHARED_DATA:-$ROOT/../shared/data}   # the datasets (shared/data); set it when elsewhere
@@ -18,7 +19,7 @@ export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} MKL_NUM_THREADS=${MKL_NUM_THREADS:-
 [ -d "$WORK/bin" ] || "$PY" "$ROOT/preprocess/sst_prepare.py" --raw "$RAW" --classes "$CLASSES" --dest "$WORK/bin"
 COMMON=(--task sentence_prediction --criterion sentence_prediction --num-classes "$CLASSES" --max-positions 256
         --shorten-method truncate --optimizer adam --weight-decay 5e-5 --clip-norm 5 --batch-size 64
-        --max-update "$MAX_UPDATE" --max-epoch 0 --seed "$SEED" --num-workers 0 --log-format simple
+        --max-update "$MAX_UPDATE" --max-epoch "${MAX_EPOCH:-0}" ${PATIENCE:+--patience "$PATIENCE"} --seed "$SEED" --num-workers 0 --log-format simple
         --log-interval 100 --no-epoch-checkpoints --best-checkpoint-metric accuracy --maximize-best-checkpoint-metric
         --user-dir "$ROOT/user_dir" --dropout 0.4 --pooler-dropout 0.4)
 VEC=(); [ -n "${VECTORS:-}" ] && VEC=(--pretrained-embeddings "$VECTORS" --freeze-embeddings)

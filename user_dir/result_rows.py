@@ -1,0 +1,47 @@
+"""Result rows of the experiment scripts under ``benchmarks/`` and ``examples/``: one JSON list per experiment,
+one row per finished run, and the reading of a ``fairseq-train`` log those rows are made from."""
+import fcntl
+import json
+import os
+import re
+
+
+def upsert(path, new_rows, key):
+    """Replaces the rows of the JSON list at ``path`` (created if absent) that have the ``key`` of one of
+    ``new_rows`` by those, keeping the list sorted by ``key``.  Written through a temporary file (a kill leaves
+    the old list), and runs finishing together take turns (an exclusive lock)."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path + ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        rows = []
+        if os.path.exists(path):
+            with open(path) as f:
+                rows = json.load(f)
+        replaced = {key(r) for r in new_rows}
+        rows = sorted([r for r in rows if key(r) not in replaced] + list(new_rows), key=key)
+        with open(path + ".tmp", "w") as f:
+            json.dump(rows, f, indent=1)
+            f.write("\n")
+        os.replace(path + ".tmp", path)
+
+
+def parse_train_log(path, metric):
+    """(updates, epochs, the validation ``metric`` after each epoch in order, stopped by ``--patience``) of a
+    ``fairseq-train`` log written with ``--log-format simple``."""
+    with open(path, encoding="utf-8") as f:
+        text = f.read()
+    valid = [(int(e), float(v), int(u)) for e, v, u in re.findall(
+        rf"epoch (\d+) \| valid on 'valid' subset \|(?:[^\n]*?\|)? {metric} ([\d.]+) \|[^\n]*?num_updates (\d+)", text)]
+    if not valid:
+        raise SystemExit(f"{path} holds no validation line with {metric}; did training run?")
+    early = "early stop since valid performance hasn't improved" in text
+    return valid[-1][2], valid[-1][0], [v for _, v, _ in valid], early
+
+
+def train_seconds(work):
+    """Seconds of training recorded by an experiment script in ``work/train_seconds`` (one line per start)."""
+    path = os.path.join(work, "train_seconds")
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        return sum(int(x) for x in f.read().split())
