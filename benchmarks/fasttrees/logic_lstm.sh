@@ -10,8 +10,9 @@
 # Training: Adam lr LR (1e-3), clip 1.0, batch BATCH (128); validation accuracy (the 10% held out) after every
 # epoch; stops when it has not improved for PATIENCE (5) epochs or after MAX_EPOCH (25); checkpoint_best.pt is
 # scored on test_ops1..test_ops12.  Brackets are kept (without them many labels are ambiguous).
-# Resumable: run the same command again (fairseq-train continues from WORK's checkpoint_last.pt, saved every 200
-# updates; a finished training, WORK/train.done, is not repeated; delete it to train on with a larger MAX_EPOCH).
+# Resumable: run the same command again (fairseq-train continues from WORK's checkpoint_last.pt, saved after every
+# epoch: no mid-epoch saves, since fairseq validates at every save and --patience counts validations, not epochs;
+# a finished training, WORK/train.done, is not repeated).
 # Writes WORK/result.json and upserts its row in RESULTS (default benchmarks/fasttrees/results/logic_lstm.json).
 source "$(dirname "$0")/../../examples/fasttrees/common.sh"
 shopt -s inherit_errexit
@@ -44,8 +45,7 @@ if [ ! -f "$WORK/train.done" ]; then
   "$BIN/fairseq-train" "$DATA" --user-dir user_dir "${TASK[@]}" --arch "$ARCH" "${SIZE[@]}" \
     --optimizer adam --lr "$LR" --clip-norm 1.0 --batch-size "$BATCH" --max-epoch "$MAX_EPOCH" \
     --patience "$PATIENCE" --best-checkpoint-metric accuracy --maximize-best-checkpoint-metric \
-    --save-dir "$WORK/checkpoints" --no-epoch-checkpoints --save-interval-updates 200 --keep-interval-updates 1 \
-    --seed "$SEED" --num-workers 0 --cpu \
+    --save-dir "$WORK/checkpoints" --no-epoch-checkpoints --seed "$SEED" --num-workers 0 --cpu \
     --log-format simple --log-interval 100 >> "$WORK/train.log" 2>&1
   echo $(( $(date +%s) - start )) >> "$WORK/train_seconds"
   touch "$WORK/train.done"
