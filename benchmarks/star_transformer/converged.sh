@@ -16,6 +16,7 @@ SEED=${3:?usage: converged.sh TASK MODEL SEED [WORK]}
 case "$TASK" in sst5 | conll03) ;; *) echo "converged.sh: TASK must be sst5 or conll03, got '$TASK'" >&2; exit 2 ;; esac
 case "$MODEL" in star | transformer) ;; *) echo "converged.sh: MODEL must be star or transformer, got '$MODEL'" >&2; exit 2 ;; esac
 export PYTHON=${PYTHON:-.venv/bin/python} WORK=${4:-benchmarks/work/star_converged/${TASK}_${MODEL}_s$SEED}
+unset VALIDATE_INTERVAL_UPDATES  # --patience counts validations: one per epoch
 export MODELS=$MODEL SEED MAX_EPOCH=${MAX_EPOCH:-50} PATIENCE=${PATIENCE:-5} MAX_UPDATE=${MAX_UPDATE:-1000000}
 RESULTS=${RESULTS-benchmarks/star_transformer/results/converged.json}
 [ -f "$WORK/result.json" ] && { cat "$WORK/result.json"; exit 0; }
