@@ -301,12 +301,13 @@ def test_hydra_yaml_matches_the_configs(name):
 def test_copy_free_rel_shift_equals_the_reference_shift():
     """The copy-free shift used by the attention gives the reference ``_rel_shift``'s values and gradients."""
     from user_dir.modules.relative_multihead_attention import rel_shift, shifted_position_scores
+    import torch.nn.functional as F
 
     g = torch.Generator().manual_seed(3)
     for B, H, T, K in [(2, 3, 5, 9), (1, 1, 4, 4), (3, 2, 7, 20)]:
         q = torch.randn(B, H, T, 6, generator=g, dtype=torch.float64, requires_grad=True)
         r = torch.randn(H, 6, K, generator=g, dtype=torch.float64, requires_grad=True)
-        ref, ours = rel_shift(torch.matmul(q, r)), shifted_position_scores(q, r)
+        ref, ours = rel_shift(torch.matmul(q, r)), shifted_position_scores(q, F.pad(r, (1, 0)))
         assert torch.allclose(ref, ours, atol=1e-12)  # junk entries above the diagonal included
         w = torch.randn(ref.shape, generator=g, dtype=torch.float64)
         for a, b in zip(torch.autograd.grad((ref * w).sum(), (q, r)), torch.autograd.grad((ours * w).sum(), (q, r))):

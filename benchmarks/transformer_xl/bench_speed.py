@@ -46,7 +46,9 @@ from fairseq.data import Dictionary
 from user_dir.from_flags import build, toy_dictionary
 from user_dir.tasks.bptt_lm import StreamDataset
 
-SIZE = dict(layers=4, dim=256, heads=4, head_dim=64, ffn=1024)
+# model sizes (--size): the calibration setting, and the paper's enwik8 base model (its speed table's setting)
+SIZES = {"ptb_small": dict(layers=4, dim=256, heads=4, head_dim=64, ffn=1024),
+         "enwik8_base": dict(layers=12, dim=512, heads=8, head_dim=64, ffn=2048)}
 
 
 def dictionary(args):
@@ -57,26 +59,23 @@ def dictionary(args):
     return toy_dictionary(10000)
 
 
-def txl(d, mem_len, dropout=0.1, extra=()):
-    s = SIZE
+def txl(d, mem_len, s, dropout=0.1, extra=()):
     flags = ["--n-layer", s["layers"], "--d-model", s["dim"], "--n-head", s["heads"], "--d-head", s["head_dim"],
              "--d-inner", s["ffn"], "--mem-len", mem_len, "--dropout", dropout, "--untie-r", *extra]
     return build("transformer_xl_lm", flags, task="language_modeling", dictionary=d)[0]
 
 
-def hf_wrapper(d, mem_len, dropout=0.1):
+def hf_wrapper(d, mem_len, s, dropout=0.1):
     from argparse import Namespace
 
     path = os.path.join(os.path.dirname(fairseq_utils.__file__), "examples", "truncated_bptt")
     fairseq_utils.import_user_module(Namespace(user_dir=path))
-    s = SIZE
     flags = ["--n-layer", s["layers"], "--d-model", s["dim"], "--n-head", s["heads"], "--d-head", s["head_dim"],
              "--d-inner", s["ffn"], "--mem-len", mem_len, "--dropout", dropout]
     return build("transformer_xl", flags + ["--tokens-per-sample", 70, "--batch-size", 16], task="truncated_bptt_lm", dictionary=d)[0]
 
 
-def vanilla(d, max_positions, dropout=0.1):
-    s = SIZE
+def vanilla(d, max_positions, s, dropout=0.1):
     flags = ["--decoder-layers", s["layers"], "--decoder-embed-dim", s["dim"], "--decoder-attention-heads",
              s["heads"], "--decoder-ffn-embed-dim", s["ffn"], "--dropout", dropout, "--tokens-per-sample",
              max_positions, "--share-decoder-input-output-embed"]
@@ -114,9 +113,9 @@ def train_steps(model, batches, pass_stream_pos):
 def cmd_train(args):
     d = dictionary(args)
     torch.manual_seed(0)
-    models = {"transformer_xl_lm (ours)": (txl(d, args.mem_len), True),
-              "truncated_bptt transformer_xl (HF wrapper)": (hf_wrapper(d, args.mem_len), False),
-              "transformer_lm (no memory)": (vanilla(d, args.tgt_len), False)}
+    models = {"transformer_xl_lm (ours)": (txl(d, args.mem_len, SIZES[args.size]), True),
+              "truncated_bptt transformer_xl (HF wrapper)": (hf_wrapper(d, args.mem_len, SIZES[args.size]), False),
+              "transformer_lm (no memory)": (vanilla(d, args.tgt_len, SIZES[args.size]), False)}
     batches = stream_batches(d, args.steps * (args.repeats + 1), args.bsz, args.tgt_len)
     rates = {k: [] for k in models}
     for rep in range(args.repeats + 1):  # the first round warms up
@@ -126,7 +125,7 @@ def cmd_train(args):
             if rep > 0:
                 rates[name].append(r)
     base = statistics.median(rates["truncated_bptt transformer_xl (HF wrapper)"])
-    result = {"setting": dict(SIZE, bsz=args.bsz, tgt_len=args.tgt_len, mem_len=args.mem_len, vocab=len(d),
+    result = {"setting": dict(SIZES[args.size], size=args.size, bsz=args.bsz, tgt_len=args.tgt_len, mem_len=args.mem_len, vocab=len(d),
                               steps_per_repeat=args.steps, repeats=args.repeats,
                               threads=torch.get_num_threads()),
               "tokens_per_s_median": {k: round(statistics.median(v), 1) for k, v in rates.items()},
@@ -141,7 +140,7 @@ def cmd_profile(args):
 
     d = dictionary(args)
     torch.manual_seed(0)
-    model = txl(d, args.mem_len)
+    model = txl(d, args.mem_len, SIZES[args.size])
     batches = stream_batches(d, args.steps + 2, args.bsz, args.tgt_len)
     train_steps(model, batches[:2], True)  # warm-up, memory filled
     with profile(activities=[ProfilerActivity.CPU]) as prof:
@@ -174,10 +173,10 @@ def cmd_eval(args):
     out = []
     g = torch.Generator().manual_seed(1)
     for L in args.lengths:
-        model_v = vanilla(d, L).eval()
+        model_v = vanilla(d, L, SIZES[args.size]).eval()
         v_stream = torch.randint(d.nspecial, len(d), (1, L + args.vanilla_tokens * args.repeats), generator=g)
         T = args.tgt_len
-        model_x = txl(d, L, extra=["--same-length"]).eval()
+        model_x = txl(d, L, SIZES[args.size], extra=["--same-length"]).eval()
         n_seg = -(-L // T)  # segments that fill the memory before timing
         x_stream = torch.randint(d.nspecial, len(d), (1, T * (n_seg + args.txl_segments * args.repeats)),
                                  generator=g)
@@ -207,14 +206,22 @@ def cmd_eval(args):
                     "txl_tokens_per_s": round(x, 1), "speedup_of_medians": round(x / v, 1),
                     "paired_speedups": [round(r, 1) for r in ratios]})
         print(json.dumps(out[-1]), flush=True)
-    print(json.dumps({"setting": dict(SIZE, vocab=len(d), batch=1, repeats=args.repeats,
-                                      threads=torch.get_num_threads()), "results": out}, indent=1))
+    result = {"setting": dict(SIZES[args.size], size=args.size, vocab=len(d), batch=1, repeats=args.repeats,
+                              vanilla_tokens=args.vanilla_tokens, txl_segments=args.txl_segments,
+                              threads=torch.get_num_threads()),
+              "command": "OMP_NUM_THREADS=1 python benchmarks/transformer_xl/bench_speed.py " + " ".join(sys.argv[1:]),
+              "results": out}
+    print(json.dumps(result, indent=1))
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(result, f, indent=1)
+            f.write("\n")
 
 
 def _memory_child(args):
     d = dictionary(args)
     torch.manual_seed(0)
-    model = txl(d, args.mem_len)
+    model = txl(d, args.mem_len, SIZES[args.size])
     n_fill = -(-args.mem_len // args.tgt_len)  # segments that fill the memory
     batches = stream_batches(d, 1 + n_fill + args.steps, args.bsz, args.tgt_len)
     train_steps(model, batches[:1], True)  # allocate optimiser state etc.
@@ -251,6 +258,9 @@ def main():
     p.add_argument("--data", help="binarized PTB (preprocess/ptb_lm.py) for the real dictionary")
     p.add_argument("--vocab", type=int, help="a synthetic vocabulary of this many symbols instead (specials "
                                              "included), e.g. 204 for the paper's character-level setting")
+    p.add_argument("--size", choices=sorted(SIZES), default="ptb_small",
+                   help="model size: ptb_small (4L, d 256) or enwik8_base (the paper's speed table: 12L, d 512)")
+    p.add_argument("--out", help="also write the eval results to this JSON file")
     p.add_argument("--bsz", type=int, default=16)
     p.add_argument("--tgt-len", type=int, default=70)
     p.add_argument("--mem-len", type=int, default=70)

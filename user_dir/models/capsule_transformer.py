@@ -54,7 +54,6 @@ from user_dir.modules.capsule_routing import (
     SQUASH_MODES,
     CapsuleMultiheadAttention,
     CapsuleRouting,
-    check_routing_iters,
 )
 from user_dir.modules.capsule_routing_fast import FastCapsuleMultiheadAttention, FastCapsuleRouting
 from user_dir.tasks.kinds import check_task_kind
@@ -120,7 +119,12 @@ def routing_plan(cfg):
 
     Returns a dict ``{"enc_self": set(layers), "dec_self": ..., "enc_dec": ...}``.
     """
-    check_routing_iters(cfg.routing_iters)
+    iters = cfg.routing_iters
+    if not isinstance(iters, int) or isinstance(iters, bool) or iters <= 0:  # paper Alg. 1: r >= 1 iterations
+        raise ValueError(f"--routing-iters must be a positive integer (got {iters!r}); "
+                         "dynamic routing needs at least one iteration")
+    if cfg.horizontal_max_distance < 0:
+        raise ValueError(f"--horizontal-max-distance must be >= 0, got {cfg.horizontal_max_distance}")
     if str(cfg.capsule_routing) not in ROUTING_KINDS:
         raise ValueError(f"--capsule-routing must be one of {ROUTING_KINDS}, got {cfg.capsule_routing!r}")
     names = [x.strip() for x in str(cfg.routed_attention).split(",") if x.strip()]

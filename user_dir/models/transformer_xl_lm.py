@@ -52,7 +52,7 @@ from fairseq.models import (FairseqIncrementalDecoder, FairseqLanguageModel, reg
                             register_model_architecture)
 
 from ..modules.projected_adaptive import AdaptiveEmbedding, ProjectedAdaptiveLogSoftmax
-from ..modules.relative_multihead_attention import (RelativeSinusoid, TransformerXLLayer, additive_mask,
+from ..modules.relative_multihead_attention import (RelativeSinusoid, TransformerXLLayer,
                                                      attention_mask)
 from ..tasks.bptt_lm import StreamMemoryModel
 from ..tasks.kinds import check_task_kind
@@ -292,8 +292,7 @@ class TransformerXLDecoder(FairseqIncrementalDecoder):
         mlen = mems[0].size(1) if mems is not None else 0
         klen = mlen + qlen
         emb = self.embed(tokens)
-        mask = additive_mask(attention_mask(qlen, mlen, self.mem_len, self.same_length, device=tokens.device),
-                             emb.dtype)
+        mask = attention_mask(qlen, mlen, self.mem_len, self.same_length, device=tokens.device)
         r = self.dropout(self.pos(klen, self.clamp_len, dtype=emb.dtype, device=tokens.device))
         h = self.dropout(emb)
         hids, new_cache = [], []

@@ -11,9 +11,8 @@ Where the paper's ideas live
 * **Dynamic routing** (paper Alg. 1, after Sabour et al. 2017) with ``r`` iterations: couplings ``R =
   softmax(B)``, outputs ``Ω_n = squash(Σ_m R_{m→n} V_{m→n})`` (paper Eq. 6), agreements ``B_{m→n} +=
   <V_{m→n}, Ω_n>``. Implemented once, in :func:`dynamic_routing`.
-* **Two implementations** (``--capsule-implementation``): this module is the reference, the algorithm on
-  explicit capsules, written to be read; ``capsule_routing_fast`` computes the same from Gram matrices and
-  the query/key factors (the default; the tests check they agree).
+* **Two implementations** (``--capsule-implementation``): this module is the reference, on explicit
+  capsules; ``capsule_routing_fast`` (the default) computes the same from Gram matrices (tested equal).
 * **Ω is added to E before the softmax** (paper §3, Fig. 3): ``softmax(E + Ω↕ + Ω↔ + mask)``; see
   :class:`CapsuleMultiheadAttention`.
 
@@ -26,36 +25,29 @@ Reconstruction decisions (the paper's equations are not available)
    --horizontal-max-distance``, initialised to ``-|n-m|/2``: a locality prior).  These are the only extra
    parameters: ``H² + 2D + 1`` per routed module with ``--capsule-routing both``.
 2. *Squash scale.*  ``--capsule-squash l2`` (default) is the paper's squash (Sabour's, on the L2 norm of the
-   whole capsule): ``||Ω_n|| < 1`` for a capsule of ``Lq·Lk`` entries, so ``Ω`` is a gentle correction of
-   ``E`` that shrinks as sentences get longer (trained on Multi30k: ``rms(Ω)/rms(E) ≈ 0.13``).
-   ``--capsule-squash rms`` measures norms and agreements per entry (``||s||² / size``), so ``rms(Ω_n) =
-   q/(1+q)`` independently of sentence length (``rms(Ω)/rms(E) ≈ 0.66``); it trained worse at the Multi30k
-   budget, which is why it is not the default (BENCHMARKS.md, capsule section).
+   whole capsule): ``||Ω_n|| < 1`` for a capsule of ``Lq·Lk`` entries, a correction of ``E`` that shrinks
+   as sentences get longer.  ``--capsule-squash rms`` measures norms and agreements per entry (``||s||² /
+   size``), so ``rms(Ω_n) = q/(1+q)`` whatever the length (trained worse on Multi30k: BENCHMARKS.md).
 3. *Vertical couplings* are normalised over output capsules (heads), exactly as Sabour / the paper.
 4. *Horizontal couplings* are normalised over the **input** capsules (tokens) visible to each output token.
    Normalising over outputs (Sabour) would make the coupling of token ``m`` to output ``t`` depend on
    outputs ``> t``: a causality leak in the decoder.  One rule is used everywhere so encoder and decoder
    behave alike.
-5. *Causality* (decoder modules, ``causal=True``).  Vertical capsules span all queries of a head; the
-   capsule seen by query ``t`` is its **prefix** over queries ``≤ t``: each query runs its own routing on
-   its prefix, so the full forward equals step-by-step decoding. Horizontal output ``t`` only receives input
-   tokens ``≤ t``.
+5. *Causality* (decoder modules, ``causal=True``).  The vertical capsule seen by query ``t`` is its head's
+   **prefix** over queries ``≤ t`` (each query routes its own prefix, so the full forward equals step-by-step
+   decoding); horizontal output ``t`` only receives input tokens ``≤ t``.
 6. *Padding.*  Masked logits (pad keys, future keys) and pad query rows are set to 0 before routing (never
    ``-inf``), pad rows are excluded as capsules, and the masks are re-applied after adding ``Ω``.
 7. *Optional Ω gate* (``--capsule-omega-gate``, off by default; **not in the paper**).  A learned per-head
    scale on ``Ω``, initialised to 0: the model starts as the plain transformer and learns how much routing
-   to add (``H`` more parameters per routed module).  For short training budgets, where ``Ω`` at full
-   strength slows early learning (BENCHMARKS.md).
+   to add (``H`` more parameters per routed module).
 8. *Incremental decoding* (reference).  A causal module keeps the neutralised logit rows of the earlier
    queries (0 at keys they did not see) and their visible-key counts; a decoding step appends its row and
    routes as the full pass routes that row, so full pass = decoding.  Beam search reorders the kept rows.
-   How the fast implementation avoids the explicit capsules (Gram matrices from the query/key factors,
-   triangular products, kept Grams, deferred reorder) is described in
-   :mod:`user_dir.modules.capsule_routing_fast`.
-9. *Half precision.*  Capsule norms sum squared logits over whole capsules (a vertical capsule is a head's
-   ``Lq×Lk`` slice) and pass float16's 65504 at sentence length; ``squash`` needs a tiny epsilon.  Routing
-   therefore runs in float32 with autocast off, and only ``Ω`` is cast back to the logits' dtype (the way
-   fairseq computes its softmax in float32).
+   (The fast implementation's decoding state is described in :mod:`user_dir.modules.capsule_routing_fast`.)
+9. *Half precision.*  Capsule norms sum squared logits over whole capsules and pass float16's 65504 at
+   sentence length; ``squash`` needs a tiny epsilon.  Routing runs in float32 with autocast off, and only
+   ``Ω`` is cast back to the logits' dtype (as fairseq computes its softmax in float32).
 
 Shapes: ``B`` batch, ``H`` heads, ``Q`` query rows, ``K`` keys.
 """
@@ -125,13 +117,9 @@ class CapsuleRouting(nn.Module):
     def __init__(self, num_heads: int, routing: str = "both", iters: int = 3, causal: bool = False,
                  squash: str = "l2", max_distance: int = 8, omega_gate: bool = False):
         super().__init__()
-        if routing not in ROUTING_KINDS:
-            raise ValueError(f"--capsule-routing must be one of {ROUTING_KINDS}, got {routing!r}")
-        if squash not in SQUASH_MODES:
-            raise ValueError(f"--capsule-squash must be one of {SQUASH_MODES}, got {squash!r}")
-        check_routing_iters(iters)
-        if max_distance < 0:
-            raise ValueError(f"--horizontal-max-distance must be >= 0, got {max_distance}")
+        if routing not in ROUTING_KINDS or squash not in SQUASH_MODES or not iters >= 1 or max_distance < 0:
+            raise ValueError(f"CapsuleRouting: routing must be one of {ROUTING_KINDS} (got {routing!r}), squash one of "
+                             f"{SQUASH_MODES} ({squash!r}), iters >= 1 ({iters!r}), max_distance >= 0 ({max_distance!r})")
         self.num_heads, self.routing, self.iters = num_heads, routing, iters
         self.causal, self.squash, self.max_distance = causal, squash, max_distance
         self.vertical = routing in ("vertical", "both")
@@ -153,16 +141,11 @@ class CapsuleRouting(nn.Module):
 
     def forward(self, logits: Tensor, counts: Tensor, state: Optional[Dict[str, Tensor]] = None,
                 capture: bool = False, keep_state: bool = False):
-        """Routes the neutralised logit cube.
-
-        Args:
-            logits: ``(B, Q, H, K)``, 0 at masked entries and pad rows (decision 6).
-            counts: ``(B, Q)`` visible logits per query row (0: a pad row, no capsule).
-            state: the rows of earlier queries while decoding (causal modules), else ``None``.
-            keep_state: return the state the next decoding step needs.
-        Returns ``(omega, new_state, info)``: ``Ω`` in ``logits``' layout and dtype, ``info`` the
-        couplings and ``Ω`` of each routing when ``capture``.  Runs in float32, autocast off (decision 9).
-        """
+        """Routes the neutralised logit cube ``logits`` ``(B, Q, H, K)`` (0 at masked entries and pad rows,
+        decision 6); ``counts`` ``(B, Q)``: visible logits per row (0: a pad row, no capsule); ``state``: the
+        rows of earlier queries while decoding (causal modules); ``keep_state``: return the next step's state.
+        Returns ``(omega, new_state, info)``: ``Ω`` in ``logits``' layout and dtype; ``info``: couplings and
+        ``Ω`` of each routing when ``capture``.  Runs in float32, autocast off (decision 9)."""
         dtype, q_len = logits.dtype, logits.size(1)
         info: Dict[str, Tensor] = {}
         with torch.autocast(logits.device.type, enabled=False):
@@ -222,11 +205,9 @@ class CapsuleRouting(nn.Module):
 class CapsuleMultiheadAttention(MultiheadAttention):
     """fairseq's :class:`MultiheadAttention` whose score path is capsule-routed (paper Fig. 3):
     ``softmax(E + Ω↕ + Ω↔ + masks)``, ``Ω`` from ``routing`` on the neutralised ``E``.  Projections,
-    key/value caching, dropout and the output projection are fairseq's.  The routing state of earlier
-    target positions (causal modules) is kept in ``incremental_state`` under ``"capsule_state"``.
-
-    ``capture = True`` keeps the last call's logits before routing, ``Ω`` and the couplings in
-    ``last_capture``; :func:`capturing` sets it for a block of code."""
+    key/value caching, dropout and the output projection are fairseq's; the routing state of earlier target
+    positions (causal modules) is kept in ``incremental_state["capsule_state"]``.  ``capture = True``
+    (:func:`capturing`) keeps the last call's logits, ``Ω`` and couplings in ``last_capture``."""
 
     def __init__(self, embed_dim, num_heads, routing: CapsuleRouting, **kwargs):
         if kwargs.get("add_bias_kv") or kwargs.get("add_zero_attn"):
@@ -243,13 +224,12 @@ class CapsuleMultiheadAttention(MultiheadAttention):
         """Routing state grows per target step, so fairseq's shared-beam cross-attention is not used."""
         self.beam_size = 1
 
-    # hooks of the fast implementation (capsule_routing_fast.FastCapsuleMultiheadAttention)
+    # hooks of the fast implementation (capsule_routing_fast): the routing's inputs besides the logits (none
+    # here), and a beam reorder still to apply to the state (the reference applies it at once)
     def _routing_factors(self, q, k, key_padding_mask, order) -> dict:
-        """Inputs of the routing besides the logits: none here (the reference routes the logits)."""
         return {}
 
     def _pending_reorder(self, cap_state):
-        """``(state, order)``: a beam reorder still to apply to ``state``; the reference applies it at once."""
         return cap_state, None
 
     @staticmethod
@@ -368,9 +348,3 @@ def capturing(modules: Iterable[CapsuleMultiheadAttention]):
         for m in modules:
             m.capture, m.last_capture = False, {}
 
-
-def check_routing_iters(iters) -> None:
-    """``--routing-iters`` must be a positive integer (paper Alg. 1 runs ``r ≥ 1`` iterations)."""
-    if not isinstance(iters, int) or isinstance(iters, bool) or iters <= 0:
-        raise ValueError(f"--routing-iters must be a positive integer (got {iters!r}); "
-                         "dynamic routing needs at least one iteration")

@@ -84,21 +84,28 @@ def rel_shift(x: torch.Tensor) -> torch.Tensor:
 
 
 def shifted_position_scores(q: torch.Tensor, r_k: torch.Tensor) -> torch.Tensor:
-    """``rel_shift(q @ r_k)`` without the reference's two copies.
+    """``rel_shift(q @ r_k[..., 1:])`` without the reference's two copies.
 
-    ``q``: (B, H, T, D); ``r_k``: (H, D, K).  The reference pads a zero
+    ``q``: (B, H, T, D); ``r_k``: (H, D, K+1), the position keys with a zero
+    column in front (:func:`pad_position_keys`).  The reference pads a zero
     column in front of the scores and reinterprets the buffer; here the zero
-    column comes out of the matmul itself (``r_k`` gets a zero column in
-    front), and the shift is a view of that buffer: element ``[i, j]`` of
-    the result is flat element ``T + i·K + j`` of the (T, K+1) block, so the
-    result is the slice ``[T, T + T·K)`` of the flattened block read as
-    (T, K) -- no copy.  Same values as :func:`rel_shift` (tested), including
-    the junk entries above the causal diagonal.
+    column comes out of the matmul itself, and the shift is a view of that
+    buffer: element ``[i, j]`` of the result is flat element ``T + i·K + j``
+    of the (T, K+1) block, so the result is the slice ``[T, T + T·K)`` of the
+    flattened block read as (T, K) -- no copy.  Same values as
+    :func:`rel_shift` (tested), including the junk entries above the causal
+    diagonal.
     """
     B, H, T, _ = q.shape
-    K = r_k.size(-1)
-    padded = torch.matmul(q, F.pad(r_k, (1, 0)))  # (B, H, T, K+1), column 0 is zero
+    K = r_k.size(-1) - 1
+    padded = torch.matmul(q, r_k)  # (B, H, T, K+1), column 0 is zero
     return padded.flatten(-2)[..., T:T + T * K].unflatten(-1, (T, K))
+
+
+def pad_position_keys(position_keys: torch.Tensor) -> torch.Tensor:
+    """``W_kR R`` (K, H·D) with a zero row in front: the zero column that :func:`shifted_position_scores`
+    shifts in."""
+    return F.pad(position_keys, (0, 0, 1, 0))
 
 
 def attention_mask(qlen: int, mlen: int, mem_len: int, same_length: bool, device=None) -> torch.Tensor:
@@ -119,11 +126,6 @@ def attention_mask(qlen: int, mlen: int, mem_len: int, same_length: bool, device
         mask_shift_len = qlen - mask_len if mask_len > 0 else qlen
         mask = mask | torch.tril(ones, diagonal=-mask_shift_len)
     return mask
-
-
-def additive_mask(mask: torch.Tensor, dtype=torch.float32) -> torch.Tensor:
-    """The boolean mask of :func:`attention_mask` as 0 / -inf to add to the scores."""
-    return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(mask, float("-inf"))
 
 
 class RelativeMultiheadAttention(nn.Module):
@@ -160,12 +162,12 @@ class RelativeMultiheadAttention(nn.Module):
                 r_w_bias: Optional[torch.Tensor] = None, r_r_bias: Optional[torch.Tensor] = None,
                 memory_kv: Optional[torch.Tensor] = None, position_keys: Optional[torch.Tensor] = None):
         """``h``: (B, T, C) segment; ``r``: (K, C) relative encodings for the
-        ``K = M + T`` keys; ``mask``: (T, K), bool (True: hidden) or additive; ``memory``: (B, M, C) or None.
+        ``K = M + T`` keys; ``mask``: (T, K) bool, True where a key is hidden; ``memory``: (B, M, C) or None.
 
-        ``memory_kv`` (B, M, 2·H·D) and ``position_keys`` (K, H·D): the key/value projections of
-        ``memory`` and ``W_kR R`` from an earlier call of the same pass (evaluation/generation
+        ``memory_kv`` (B, M, 2·H·D) and ``position_keys`` (K+1, H·D): the key/value projections of
+        ``memory`` and ``W_kR R`` (:func:`pad_position_keys`) from an earlier call of the same pass (evaluation/generation
         only, see ``TransformerXLDecoder``); they are then not recomputed.  Returns the output
-        (B, T, C), the key/value projections of memory + segment (B, K, 2·H·D) and ``W_kR R``."""
+        (B, T, C), the key/value projections of memory + segment (B, K, 2·H·D) and the padded ``W_kR R``."""
         u = self.r_w_bias if self.r_w_bias is not None else r_w_bias
         v = self.r_r_bias if self.r_r_bias is not None else r_r_bias
         B, T, _ = h.shape
@@ -190,22 +192,22 @@ class RelativeMultiheadAttention(nn.Module):
             kv_flat = torch.cat([kv_mem, kv_new], dim=1)
         kv = kv_flat.view(B, K, 2, H, D)
         k, val = (x.transpose(1, 2) for x in kv.unbind(2))  # (unbind: its backward is one stack, no zero fill)
-        if position_keys is None or position_keys.size(0) != K:
-            position_keys = self.r_net(r)  # W_kR R
-        r_k = position_keys.view(K, H, D).permute(1, 2, 0)  # (H, D, K)
+        if position_keys is None or position_keys.size(0) != K + 1:
+            position_keys = pad_position_keys(self.r_net(r))  # W_kR R, a zero row in front
+        r_k = position_keys.view(K + 1, H, D).permute(1, 2, 0)  # (H, D, K+1)
 
-        # (b)+(d): (q + v) W_kR R, shifted so that column j holds distance i-j (rel_shift)
+        # (b)+(d): scale·(q + v) W_kR R, shifted so that column j holds distance i-j (rel_shift), masked
         # (u and v are cast to the queries' dtype: under autocast the projections are bfloat16/float16)
-        bd = shifted_position_scores(q + v.to(q.dtype).unsqueeze(1), r_k.to(q.dtype))  # (B, H, T, K), a view
-        if mask.dtype != bd.dtype:
-            mask = additive_mask(mask, bd.dtype) if mask.dtype == torch.bool else mask.to(bd.dtype)
-        bias = torch.add(mask, bd, alpha=self.scale)  # one pass: scale, mask, contiguous
-        # (a)+(c): (q + u) k^T, plus the positional bias, scaled, softmax, dropatt
+        q_v = (q + v.to(q.dtype).unsqueeze(1)) * self.scale
+        bias = shifted_position_scores(q_v, r_k.to(q.dtype))  # (B, H, T, K), a view of the product
+        # (a)+(c): (q + u) k^T, scaled, plus the positional bias, softmax, dropatt
         q_u = q + u.to(q.dtype).unsqueeze(1)
         if torch.is_grad_enabled() or self.training:  # (training: the same path when recomputed by
-            attn = self._attend(q_u, k, val, bias)    # --checkpoint-activations, whose forward has no autograd)
-        else:  # (evaluation without autograd: the fused kernel)
-            attn = F.scaled_dot_product_attention(q_u, k, val, attn_mask=bias, scale=self.scale)
+            # --checkpoint-activations, whose forward has no autograd)
+            attn = self._attend(q_u, k, val, bias.masked_fill(mask, float("-inf")))
+        else:  # (evaluation without autograd: the mask written into the product, the fused kernel)
+            attn = F.scaled_dot_product_attention(q_u, k, val, attn_mask=bias.masked_fill_(mask, float("-inf")),
+                                                  scale=self.scale)
         out = self.o_net(attn.transpose(1, 2).reshape(B, T, H * D))
         out = self.dropout(out)
         return (h + out if self.pre_norm else self.layer_norm(h + out)), kv_flat, position_keys
