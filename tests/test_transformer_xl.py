@@ -307,7 +307,7 @@ def test_copy_free_rel_shift_equals_the_reference_shift():
     for B, H, T, K in [(2, 3, 5, 9), (1, 1, 4, 4), (3, 2, 7, 20)]:
         q = torch.randn(B, H, T, 6, generator=g, dtype=torch.float64, requires_grad=True)
         r = torch.randn(H, 6, K, generator=g, dtype=torch.float64, requires_grad=True)
-        ref, ours = rel_shift(torch.matmul(q, r)), shifted_position_scores(q, F.pad(r, (1, 0)))
+        ref, ours = rel_shift(torch.matmul(q, r)), shifted_position_scores(q, F.pad(r, (1, 0)).transpose(-1, -2))
         assert torch.allclose(ref, ours, atol=1e-12)  # junk entries above the diagonal included
         w = torch.randn(ref.shape, generator=g, dtype=torch.float64)
         for a, b in zip(torch.autograd.grad((ref * w).sum(), (q, r)), torch.autograd.grad((ours * w).sum(), (q, r))):
@@ -319,7 +319,7 @@ def test_training_attention_path_equals_the_fused_kernel(pre_norm):
     """With autograd on, the attention is written out (``_attend``); without, it runs
     ``scaled_dot_product_attention``: both give the same outputs for the same memory and mask."""
     from user_dir.modules.relative_multihead_attention import (RelativeMultiheadAttention, RelativeSinusoid,
-                                                                attention_mask)
+                                                                attention_mask, hidden_key_columns)
 
     torch.manual_seed(2)
     attn = RelativeMultiheadAttention(16, 2, 8, pre_norm=pre_norm).eval()
@@ -332,7 +332,9 @@ def test_training_attention_path_equals_the_fused_kernel(pre_norm):
     with_grad, _, _ = attn(h.requires_grad_(), r, mask, memory)
     with torch.no_grad():
         fused, _, _ = attn(h, r, mask, memory)
+        fused_columns, _, _ = attn(h, r, mask, memory, mask_columns=hidden_key_columns(5, 4, 4, True))
     assert torch.allclose(with_grad, fused, atol=1e-5)
+    assert torch.allclose(with_grad, fused_columns, atol=1e-5)  # the mask written into its columns only
 
 
 # ------------------------------------------------------------------ beam search
@@ -374,3 +376,20 @@ def test_sequence_generator_scores_equal_teacher_forced_forward():
     prefixes = [torch.cat([p, torch.full((width - len(p),), d.pad())]) for p in prompts]
     sizes = assert_generator_matches_forward(model, d, beam=4, max_len=8, prefix_list=prefixes, atol=1e-5)
     assert sizes  # (the generator reordered the incremental state)
+
+
+def test_hidden_key_columns_hold_every_hidden_key():
+    """Evaluation masks only the columns ``hidden_key_columns`` names: every hidden key of ``attention_mask``
+    must be in them, for segments, memories and windows of every relative size."""
+    from user_dir.modules.relative_multihead_attention import attention_mask, hidden_key_columns
+
+    for qlen in (1, 3, 8):
+        for mlen in (0, 1, 5, 8, 12):
+            for mem_len in (0, 4, 8, 12):
+                for same_length in (False, True):
+                    mask = attention_mask(qlen, mlen, mem_len, same_length)
+                    a, b = hidden_key_columns(qlen, mlen, mem_len, same_length)
+                    assert 0 <= a <= b <= mlen + qlen
+                    assert not mask[:, a:b].any(), (qlen, mlen, mem_len, same_length, a, b)
+                    if same_length and mem_len and mlen + qlen > mem_len:
+                        assert a > 0  # the window hides the oldest keys: a real split, not the whole width

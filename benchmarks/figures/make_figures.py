@@ -56,22 +56,27 @@ def star_scaling(results, plt):
     return fig
 
 
+# Dai et al. 2019, evaluation speed-up over Al-Rfou et al.'s vanilla model (character level), by attention length
+TXL_PAPER_SPEEDUP = {800: 363, 1800: 773, 2800: 1409, 3800: 1874}
+
+
 def txl_eval_speedup(results, plt):
-    rows = read_csv(os.path.join(results, "txl_eval_speedup.csv"))
+    """From ``benchmarks/transformer_xl/results/eval_speedup_enwik8_base_t*.json`` (``bench_speed.py eval --size
+    enwik8_base --tgt-len T --out ...``)."""
+    txl_results = os.path.join(ROOT, "benchmarks", "transformer_xl", "results")
     fig, ax = plt.subplots(figsize=(6, 4))
-    for vocab, label, marker in (("10008", "measured, PTB words (10k vocabulary)", "o-"),
-                                 ("204", "measured, character level (204 symbols)", "s-")):
-        sel = [r for r in rows if r["vocab"] == vocab and r["source"] == "measured"]
-        x = [int(r["length"]) for r in sel]
-        y = [num(r["speedup"]) for r in sel]
-        err = [[yy - num(r["lo"]) for yy, r in zip(y, sel)], [num(r["hi"]) - yy for yy, r in zip(y, sel)]]
-        ax.errorbar(x, y, yerr=err, fmt=marker, capsize=3, label=label)
-    paper = [r for r in rows if r["source"] == "paper"]
-    ax.plot([int(r["length"]) for r in paper], [num(r["speedup"]) for r in paper], "k*", ms=10,
-            label="paper (character level)")
+    for tgt_len, marker in ((128, "o-"), (256, "s-")):
+        with open(os.path.join(txl_results, f"eval_speedup_enwik8_base_t{tgt_len}.json")) as f:
+            rows = json.load(f)["results"]
+        x = [r["attention_length"] for r in rows]
+        y = [r["speedup_of_medians"] for r in rows]
+        err = [[yy - min(r["paired_speedups"]) for yy, r in zip(y, rows)],
+               [max(r["paired_speedups"]) - yy for yy, r in zip(y, rows)]]
+        ax.errorbar(x, y, yerr=err, fmt=marker, capsize=3, label=f"measured, segments of {tgt_len} tokens")
+    ax.plot(list(TXL_PAPER_SPEEDUP), list(TXL_PAPER_SPEEDUP.values()), "k*", ms=10, label="paper")
     ax.set(xscale="log", yscale="log", xlabel="attention length L",
            ylabel="evaluation speed-up over a sliding window",
-           title="Transformer-XL evaluation with memory (median, repeat range)")
+           title="Transformer-XL evaluation with memory, enwik8 base size\n(median, repeat range; one CPU thread)")
     grid_and_legend(ax, which="both")
     return fig
 

@@ -53,7 +53,7 @@ from fairseq.models import (FairseqIncrementalDecoder, FairseqLanguageModel, reg
 
 from ..modules.projected_adaptive import AdaptiveEmbedding, ProjectedAdaptiveLogSoftmax
 from ..modules.relative_multihead_attention import (RelativeSinusoid, TransformerXLLayer,
-                                                     attention_mask)
+                                                     attention_mask, hidden_key_columns)
 from ..tasks.bptt_lm import StreamMemoryModel
 from ..tasks.kinds import check_task_kind
 
@@ -293,6 +293,7 @@ class TransformerXLDecoder(FairseqIncrementalDecoder):
         klen = mlen + qlen
         emb = self.embed(tokens)
         mask = attention_mask(qlen, mlen, self.mem_len, self.same_length, device=tokens.device)
+        mask_columns = hidden_key_columns(qlen, mlen, self.mem_len, self.same_length)
         r = self.dropout(self.pos(klen, self.clamp_len, dtype=emb.dtype, device=tokens.device))
         h = self.dropout(emb)
         hids, new_cache = [], []
@@ -300,7 +301,7 @@ class TransformerXLDecoder(FairseqIncrementalDecoder):
             hids.append(h)
             kv_i, r_k_i = (None, None) if cache is None else cache[i]
             h, kv_i, r_k_i = layer(h, r, mask, None if mems is None else mems[i], self.r_w_bias, self.r_r_bias,
-                                   kv_i, r_k_i)
+                                   kv_i, r_k_i, mask_columns)
             new_cache.append((kv_i[:, -self.mem_len:], r_k_i) if kv_i is not None else None)
         h = self.dropout(h)
         return h, self.update_memory(hids, mems), new_cache if self._caching() else None

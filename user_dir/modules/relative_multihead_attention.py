@@ -22,7 +22,7 @@ Tensors are batch-first here: hidden states ``(B, T, C)``, memory
 ``(B, M, C)``, scores ``(B, H, T, M+T)``.
 """
 import math
-from typing import Optional
+from typing import Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -84,10 +84,10 @@ def rel_shift(x: torch.Tensor) -> torch.Tensor:
 
 
 def shifted_position_scores(q: torch.Tensor, r_k: torch.Tensor) -> torch.Tensor:
-    """``rel_shift(q @ r_k[..., 1:])`` without the reference's two copies.
+    """``rel_shift(q @ r_k[:, 1:]^T)`` without the reference's two copies.
 
-    ``q``: (B, H, T, D); ``r_k``: (H, D, K+1), the position keys with a zero
-    column in front (:func:`pad_position_keys`).  The reference pads a zero
+    ``q``: (B, H, T, D); ``r_k``: (H, K+1, D), the position keys with a zero
+    row in front (:func:`pad_position_keys`).  The reference pads a zero
     column in front of the scores and reinterprets the buffer; here the zero
     column comes out of the matmul itself, and the shift is a view of that
     buffer: element ``[i, j]`` of the result is flat element ``T + i·K + j``
@@ -97,15 +97,17 @@ def shifted_position_scores(q: torch.Tensor, r_k: torch.Tensor) -> torch.Tensor:
     diagonal.
     """
     B, H, T, _ = q.shape
-    K = r_k.size(-1) - 1
-    padded = torch.matmul(q, r_k)  # (B, H, T, K+1), column 0 is zero
+    K = r_k.size(-2) - 1
+    padded = torch.matmul(q, r_k.transpose(-1, -2))  # (B, H, T, K+1), column 0 is zero
     return padded.flatten(-2)[..., T:T + T * K].unflatten(-1, (T, K))
 
 
-def pad_position_keys(position_keys: torch.Tensor) -> torch.Tensor:
-    """``W_kR R`` (K, H·D) with a zero row in front: the zero column that :func:`shifted_position_scores`
-    shifts in."""
-    return F.pad(position_keys, (0, 0, 1, 0))
+def pad_position_keys(position_keys: torch.Tensor, num_heads: int) -> torch.Tensor:
+    """``W_kR R`` (K, H·D) as (H, K+1, D) with a zero row in front of each head's keys: the zero column
+    that :func:`shifted_position_scores` shifts in, in the layout its matrix product reads fastest."""
+    K = position_keys.size(0)
+    padded = F.pad(position_keys, (0, 0, 1, 0)).view(K + 1, num_heads, -1)
+    return padded.transpose(0, 1).contiguous()
 
 
 def attention_mask(qlen: int, mlen: int, mem_len: int, same_length: bool, device=None) -> torch.Tensor:
@@ -126,6 +128,18 @@ def attention_mask(qlen: int, mlen: int, mem_len: int, same_length: bool, device
         mask_shift_len = qlen - mask_len if mask_len > 0 else qlen
         mask = mask | torch.tril(ones, diagonal=-mask_shift_len)
     return mask
+
+
+def hidden_key_columns(qlen: int, mlen: int, mem_len: int, same_length: bool) -> Tuple[int, int]:
+    """``(a, b)``: every hidden key of :func:`attention_mask` lies in a column ``< a`` or ``>= b`` (computed
+    from the lengths, no look at the mask), so evaluation writes the mask into those columns only."""
+    klen = mlen + qlen
+    a = 0
+    if same_length and mem_len > 0:
+        mask_len = klen - mem_len
+        a = max(0, qlen - (qlen - mask_len if mask_len > 0 else qlen))
+    a = min(a, klen)
+    return a, max(a, min(mlen + 1, klen))
 
 
 class RelativeMultiheadAttention(nn.Module):
@@ -160,13 +174,15 @@ class RelativeMultiheadAttention(nn.Module):
 
     def forward(self, h, r, mask, memory: Optional[torch.Tensor] = None,
                 r_w_bias: Optional[torch.Tensor] = None, r_r_bias: Optional[torch.Tensor] = None,
-                memory_kv: Optional[torch.Tensor] = None, position_keys: Optional[torch.Tensor] = None):
+                memory_kv: Optional[torch.Tensor] = None, position_keys: Optional[torch.Tensor] = None,
+                mask_columns: Optional[Tuple[int, int]] = None):
         """``h``: (B, T, C) segment; ``r``: (K, C) relative encodings for the
         ``K = M + T`` keys; ``mask``: (T, K) bool, True where a key is hidden; ``memory``: (B, M, C) or None.
 
-        ``memory_kv`` (B, M, 2·H·D) and ``position_keys`` (K+1, H·D): the key/value projections of
-        ``memory`` and ``W_kR R`` (:func:`pad_position_keys`) from an earlier call of the same pass (evaluation/generation
-        only, see ``TransformerXLDecoder``); they are then not recomputed.  Returns the output
+        ``memory_kv`` (B, M, 2·H·D) and ``position_keys`` (H, K+1, D): the key/value projections of
+        ``memory`` and ``W_kR R`` (:func:`pad_position_keys`) from an earlier call of the same pass
+        (evaluation/generation only, see ``TransformerXLDecoder``); they are then not recomputed.
+        ``mask_columns``: :func:`hidden_key_columns` of ``mask`` (only those columns are masked at evaluation).  Returns the output
         (B, T, C), the key/value projections of memory + segment (B, K, 2·H·D) and the padded ``W_kR R``."""
         u = self.r_w_bias if self.r_w_bias is not None else r_w_bias
         v = self.r_r_bias if self.r_r_bias is not None else r_r_bias
@@ -192,22 +208,23 @@ class RelativeMultiheadAttention(nn.Module):
             kv_flat = torch.cat([kv_mem, kv_new], dim=1)
         kv = kv_flat.view(B, K, 2, H, D)
         k, val = (x.transpose(1, 2) for x in kv.unbind(2))  # (unbind: its backward is one stack, no zero fill)
-        if position_keys is None or position_keys.size(0) != K + 1:
-            position_keys = pad_position_keys(self.r_net(r))  # W_kR R, a zero row in front
-        r_k = position_keys.view(K + 1, H, D).permute(1, 2, 0)  # (H, D, K+1)
+        if position_keys is None or position_keys.size(1) != K + 1:
+            position_keys = pad_position_keys(self.r_net(r), H)  # W_kR R, (H, K+1, D), a zero row in front
 
         # (b)+(d): scale·(q + v) W_kR R, shifted so that column j holds distance i-j (rel_shift), masked
         # (u and v are cast to the queries' dtype: under autocast the projections are bfloat16/float16)
         q_v = (q + v.to(q.dtype).unsqueeze(1)) * self.scale
-        bias = shifted_position_scores(q_v, r_k.to(q.dtype))  # (B, H, T, K), a view of the product
+        bias = shifted_position_scores(q_v, position_keys.to(q.dtype))  # (B, H, T, K), a view of the product
         # (a)+(c): (q + u) k^T, scaled, plus the positional bias, softmax, dropatt
         q_u = q + u.to(q.dtype).unsqueeze(1)
         if torch.is_grad_enabled() or self.training:  # (training: the same path when recomputed by
             # --checkpoint-activations, whose forward has no autograd)
             attn = self._attend(q_u, k, val, bias.masked_fill(mask, float("-inf")))
         else:  # (evaluation without autograd: the mask written into the product, the fused kernel)
-            attn = F.scaled_dot_product_attention(q_u, k, val, attn_mask=bias.masked_fill_(mask, float("-inf")),
-                                                  scale=self.scale)
+            a, b = (K, K) if mask_columns is None else mask_columns
+            bias[..., :a].masked_fill_(mask[:, :a], float("-inf"))
+            bias[..., b:].masked_fill_(mask[:, b:], float("-inf"))
+            attn = F.scaled_dot_product_attention(q_u, k, val, attn_mask=bias, scale=self.scale)
         out = self.o_net(attn.transpose(1, 2).reshape(B, T, H * D))
         out = self.dropout(out)
         return (h + out if self.pre_norm else self.layer_norm(h + out)), kv_flat, position_keys
@@ -258,10 +275,12 @@ class TransformerXLLayer(nn.Module):
                                                pre_norm, layer_norm_eps, own_biases)
         self.ff = PositionwiseFF(embed_dim, ffn_dim, dropout, pre_norm, layer_norm_eps)
 
-    def forward(self, h, r, mask, memory=None, r_w_bias=None, r_r_bias=None, memory_kv=None, position_keys=None):
+    def forward(self, h, r, mask, memory=None, r_w_bias=None, r_r_bias=None, memory_kv=None, position_keys=None,
+                mask_columns=None):
         """Returns the layer output and the attention's key/value projections of memory + segment
         and ``W_kR R`` (see :meth:`RelativeMultiheadAttention.forward`)."""
-        out, kv, position_keys = self.attn(h, r, mask, memory, r_w_bias, r_r_bias, memory_kv, position_keys)
+        out, kv, position_keys = self.attn(h, r, mask, memory, r_w_bias, r_r_bias, memory_kv, position_keys,
+                                           mask_columns)
         if self.training:  # (only evaluation reuses them; no extra outputs for --checkpoint-activations)
             return self.ff(out), None, None
         return self.ff(out), kv, position_keys
