@@ -511,3 +511,24 @@ def test_nli_checkpoint_without_features_flag_keeps_mult():
         del saved["nli_features"]
     model.load_state_dict(model.state_dict(), model_cfg=saved)
     assert model.cfg.nli_features == "mult"
+
+
+@pytest.mark.parametrize("encoder_type", ["star", "transformer"])
+def test_continuous_inputs_alone_equal_padded_batch(encoder_type):
+    """Masked summation's continuous inputs (``--input-features``) through either encoder: a sequence's regression
+    output alone equals its output in a right-padded batch (the padding is masked, not averaged in)."""
+    model, _ = build("star_transformer", ["--encoder-type", encoder_type, "--input-features", 4, "--encoder-embed-dim",
+                                          16, "--encoder-attention-heads", 2, "--encoder-layers", 2, "--dropout", 0])
+    model.register_classification_head("sum", num_classes=3)
+    model.eval()
+    g = torch.Generator().manual_seed(5)
+    seqs = [torch.rand(n, 4, generator=g) for n in (7, 3, 5)]
+    batch = torch.zeros(3, 7, 4)
+    for i, s in enumerate(seqs):
+        batch[i, :len(s)] = s
+        batch[i, len(s):] = 9.0  # junk in the padding: must not matter
+    with torch.no_grad():
+        together, _ = model(src_features=batch, src_lengths=torch.tensor([7, 3, 5]), classification_head_name="sum")
+        for i, s in enumerate(seqs):
+            alone, _ = model(src_features=s[None], src_lengths=torch.tensor([len(s)]), classification_head_name="sum")
+            assert torch.allclose(alone[0], together[i], atol=1e-5), (encoder_type, i)

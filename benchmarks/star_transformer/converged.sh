@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# Star-Transformer vs the Transformer encoder of equal size at convergence (the Star-Transformer paper's SST-5 and
-# CoNLL-2003 experiments): one (task, model, seed) per call, trained until the dev metric has not improved for
-# PATIENCE (5) epochs (at most MAX_EPOCH, 50), the best-dev checkpoint scored on test.
+# Star-Transformer vs the Transformer encoder of equal size at convergence (the Star-Transformer paper's SST-5,
+# CoNLL-2003 and masked-summation experiments): one (task, model, seed) per call, trained until the dev metric has
+# not improved for PATIENCE (5) epochs (at most MAX_EPOCH, 50), the best-dev checkpoint scored on test.
 #   benchmarks/star_transformer/converged.sh TASK MODEL SEED [WORK]
-# TASK: sst5 (accuracy; examples/star_transformer/run_sst.sh) | conll03 (span F1; run_conll_ner.sh).
+# TASK: sst5 (accuracy; examples/star_transformer/run_sst.sh) | conll03 (span F1; run_conll_ner.sh) |
+#       masked_sum (test MSE; sequence length N, default 200, k = 10 columns, SAMPLES (10k) per split generated
+#       from SEED; d 100, 2 layers, 4 heads, Adam 1e-3, batch 64; the Transformer with fairseq's FFN of 4d).
 # MODEL: star | transformer.  Random embeddings (the paper's GloVe is not available here).
 # Resumable: run the same command again (fairseq-train continues from the run's checkpoint_last.pt; a run with a
 # row in WORK/result.json is not repeated).  Upserts its row in RESULTS (default
@@ -13,20 +15,39 @@ cd "$(dirname "$0")/../.."
 TASK=${1:?usage: converged.sh TASK MODEL SEED [WORK]}
 MODEL=${2:?usage: converged.sh TASK MODEL SEED [WORK]}
 SEED=${3:?usage: converged.sh TASK MODEL SEED [WORK]}
-case "$TASK" in sst5 | conll03) ;; *) echo "converged.sh: TASK must be sst5 or conll03, got '$TASK'" >&2; exit 2 ;; esac
+case "$TASK" in sst5 | conll03 | masked_sum) ;; *) echo "converged.sh: TASK must be sst5, conll03 or masked_sum, got '$TASK'" >&2; exit 2 ;; esac
 case "$MODEL" in star | transformer) ;; *) echo "converged.sh: MODEL must be star or transformer, got '$MODEL'" >&2; exit 2 ;; esac
-export PYTHON=${PYTHON:-.venv/bin/python} WORK=${4:-benchmarks/work/star_converged/${TASK}_${MODEL}_s$SEED}
+N=${N:-200}
+SAMPLES=${SAMPLES:-10000}  # masked_sum: samples per split (the paper's 10k)
+[ "$TASK" = masked_sum ] && name=${TASK}_n${N}_${MODEL}_s$SEED || name=${TASK}_${MODEL}_s$SEED
+export PYTHON=${PYTHON:-.venv/bin/python} WORK=${4:-benchmarks/work/star_converged/$name}
 unset VALIDATE_INTERVAL_UPDATES  # --patience counts validations: one per epoch
 export MODELS=$MODEL SEED MAX_EPOCH=${MAX_EPOCH:-50} PATIENCE=${PATIENCE:-5} MAX_UPDATE=${MAX_UPDATE:-1000000}
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} MKL_NUM_THREADS=${MKL_NUM_THREADS:-1}
 RESULTS=${RESULTS-benchmarks/star_transformer/results/converged.json}
 [ -f "$WORK/result.json" ] && { cat "$WORK/result.json"; exit 0; }
 mkdir -p "$WORK"
+BIN=$(dirname "$PYTHON")
+masked_sum() {
+  local data=(--user-dir user_dir --task masked_summation --criterion masked_summation_mse --seq-len "$N"
+              --num-columns 10 --train-size "$SAMPLES" --valid-size "$SAMPLES" --test-size "$SAMPLES" --seed "$SEED"
+              --batch-size 64 --num-workers 0 --log-format simple)
+  "$BIN/fairseq-train" "${data[@]}" --arch star_transformer --encoder-type "$MODEL" --encoder-embed-dim 100 \
+      --encoder-layers 2 --encoder-attention-heads 4 --max-positions "$N" --dropout 0.1 --optimizer adam \
+      --lr 1e-3 --max-epoch "$MAX_EPOCH" --patience "$PATIENCE" --max-update "$MAX_UPDATE" --no-epoch-checkpoints \
+      --log-interval 50 --save-dir "$WORK/ck" > "$WORK/train_masked_sum.log" 2>&1
+  "$BIN/fairseq-validate" "${data[@]}" --path "$WORK/ck/checkpoint_best.pt" --valid-subset test \
+      > "$WORK/test_masked_sum.log" 2>&1
+}
 start=$(date +%s)
 case "$TASK" in
   sst5) CLASSES=5 bash examples/star_transformer/run_sst.sh ;;
   conll03) bash examples/star_transformer/run_conll_ner.sh ;;
+  masked_sum) masked_sum ;;
 esac
 echo $(( $(date +%s) - start )) >> "$WORK/train_seconds"
+n_flag=(); [ "$TASK" = masked_sum ] && n_flag=(--n "$N")
 "$PYTHON" benchmarks/star_transformer/converged_rows.py --work "$WORK" --task "$TASK" --model "$MODEL" --seed "$SEED" \
-  --max-epoch "$MAX_EPOCH" --command "MAX_EPOCH=$MAX_EPOCH PATIENCE=$PATIENCE benchmarks/star_transformer/converged.sh $TASK $MODEL $SEED" \
+  "${n_flag[@]}" --max-epoch "$MAX_EPOCH" \
+  --command "$([ "$TASK" = masked_sum ] && echo "N=$N ")$([ "$SAMPLES" != 10000 ] && echo "SAMPLES=$SAMPLES ")MAX_EPOCH=$MAX_EPOCH PATIENCE=$PATIENCE benchmarks/star_transformer/converged.sh $TASK $MODEL $SEED" \
   ${RESULTS:+--results "$RESULTS"}

@@ -1,5 +1,6 @@
 #!/usr/bin/env python
-"""One finished run of ``benchmarks/star_transformer/converged.sh`` as a result row.
+"""One finished run of ``benchmarks/star_transformer/converged.sh`` as a result row (masked summation: one per
+sequence length ``--n`` too; its metric, the MSE, is best when lowest).
 
 Reads the run's training log (``train_*.log``: updates, epochs, the dev metric per epoch, whether
 ``--patience`` stopped it) and test log (``test_*.log``: ``fairseq-validate`` of the best-dev checkpoint on
@@ -15,7 +16,7 @@ import sys
 
 from user_dir.result_rows import parse_train_log, train_seconds, upsert
 
-METRIC = {"sst5": "accuracy", "conll03": "span_f1"}
+METRIC = {"sst5": "accuracy", "conll03": "span_f1", "masked_sum": "mse"}
 
 
 def one(work, pattern):
@@ -31,6 +32,7 @@ def main(argv=None):
     p.add_argument("--task", choices=sorted(METRIC), required=True)
     p.add_argument("--model", choices=["star", "transformer"], required=True)
     p.add_argument("--seed", type=int, required=True)
+    p.add_argument("--n", type=int, help="sequence length (masked_sum)")
     p.add_argument("--max-epoch", type=int, required=True)
     p.add_argument("--command", required=True)
     p.add_argument("--results", default=None)
@@ -45,13 +47,14 @@ def main(argv=None):
         test = re.findall(rf"valid on 'test' subset \|(?:[^\n]*?\|)? {metric} ([\d.]+) \|", f.read())
     if not test:
         raise SystemExit(f"converged_rows: {test_log} holds no test {metric}")
-    row = {"task": args.task, "model": args.model, "seed": args.seed, "metric": metric, "updates": updates,
-           "epochs": epochs, "converged": early, "best_dev": max(dev), "test": float(test[-1]),
+    row = {"task": args.task, **({"n": args.n} if args.task == "masked_sum" else {}), "model": args.model,
+           "seed": args.seed, "metric": metric, "updates": updates, "epochs": epochs, "converged": early,
+           "best_dev": (min if metric == "mse" else max)(dev), "test": float(test[-1]),
            "train_seconds": train_seconds(args.work), "command": args.command}
     with open(os.path.join(args.work, "result.json"), "w") as f:
         json.dump(row, f, indent=1)
     if args.results:
-        upsert(args.results, [row], key=lambda r: (r["task"], r["model"], r["seed"]))
+        upsert(args.results, [row], key=lambda r: (r["task"], r.get("n", 0), r["model"], r["seed"]))
     print(json.dumps(row))
 
 

@@ -27,6 +27,7 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 from fairseq import utils
+from fairseq.data import Dictionary
 from fairseq.dataclass import ChoiceEnum
 from fairseq.models import FairseqEncoder, FairseqEncoderModel, register_model, register_model_architecture
 from torch import nn
@@ -192,7 +193,8 @@ class BaselineTransformerEncoder(FairseqEncoder):
     """fairseq's ``TransformerEncoder`` (learned positions, post-norm, FFN 4d unless set) for A/B runs.
 
     Returns the Star encoder's layout; ``encoder_relay`` is the mean of the outputs over real
-    tokens, so the sentence vector is mean + max pooling.
+    tokens, so the sentence vector is mean + max pooling.  Continuous inputs (``--input-features``,
+    masked summation) enter through a linear map, as in the Star encoder, in place of the token embeddings.
     """
 
     def __init__(self, cfg, dictionary):
@@ -202,8 +204,10 @@ class BaselineTransformerEncoder(FairseqEncoder):
         from fairseq.models.transformer import TransformerEncoder, base_architecture
 
         d = cfg.encoder_embed_dim
-        if cfg.input_features > 0:
-            raise ValueError("--encoder-type transformer does not support --input-features")
+        self.input_proj = None
+        if cfg.input_features > 0:  # no vocabulary: the embedding table only gives the encoder its padding index
+            self.input_proj = nn.Linear(cfg.input_features, d)
+            dictionary = self.dictionary = Dictionary()
         args = Namespace(encoder_embed_dim=d, encoder_ffn_embed_dim=cfg.encoder_ffn_embed_dim or 4 * d,
                          encoder_layers=cfg.encoder_layers, encoder_attention_heads=cfg.encoder_attention_heads,
                          max_source_positions=cfg.max_positions, dropout=cfg.dropout,
@@ -213,13 +217,23 @@ class BaselineTransformerEncoder(FairseqEncoder):
         nn.init.normal_(emb.weight, 0.0, d ** -0.5)
         nn.init.zeros_(emb.weight[dictionary.pad()])
         fill_pretrained_embeddings(cfg, dictionary, emb)
-        if cfg.freeze_embeddings:
+        if cfg.freeze_embeddings or self.input_proj is not None:
             emb.weight.requires_grad = False
         self.cfg = cfg
         self.inner = TransformerEncoder(args, dictionary, emb)
 
-    def forward(self, src_tokens=None, src_lengths=None, **kwargs):
-        out = self.inner(src_tokens, src_lengths=src_lengths)
+    def forward(self, src_tokens=None, src_lengths=None, src_features=None, **kwargs):
+        features = None
+        if src_features is not None or self.input_proj is not None:
+            if self.input_proj is None or src_features is None:
+                raise ValueError("--input-features > 0 takes continuous inputs (src_features), not src_tokens, and "
+                                 "--input-features 0 the reverse")
+            positions = torch.arange(src_features.size(1), device=src_features.device)
+            pad = positions.unsqueeze(0) >= src_lengths.to(positions.device).unsqueeze(1)
+            # placeholder tokens (any symbol, or pad) for the encoder's padding mask and positions
+            src_tokens = pad.long().masked_fill(~pad, self.dictionary.unk()).masked_fill(pad, self.dictionary.pad())
+            features = self.input_proj(src_features)
+        out = self.inner(src_tokens, src_lengths=src_lengths, token_embeddings=features)
         x, pad = out["encoder_out"][0], src_tokens.eq(self.dictionary.pad())
         real = (~pad).t().unsqueeze(-1).to(x.dtype)
         relay = (x * real).sum(0) / real.sum(0).clamp(min=1)
