@@ -131,7 +131,16 @@ def cmd_train(args):
               "tokens_per_s_median": {k: round(statistics.median(v), 1) for k, v in rates.items()},
               "tokens_per_s_all": {k: [round(x, 1) for x in v] for k, v in rates.items()},
               "ratio_vs_hf_wrapper": {k: round(statistics.median(v) / base, 3) for k, v in rates.items()}}
+    write_result(result, args.out)
+
+
+def write_result(result, path):
+    """Prints ``result`` as JSON and, with ``--out``, writes it there too."""
     print(json.dumps(result, indent=1))
+    if path:
+        with open(path, "w") as f:
+            json.dump(result, f, indent=1)
+            f.write("\n")
 
 
 def cmd_profile(args):
@@ -211,11 +220,7 @@ def cmd_eval(args):
                               threads=torch.get_num_threads()),
               "command": "OMP_NUM_THREADS=1 python benchmarks/transformer_xl/bench_speed.py " + " ".join(sys.argv[1:]),
               "results": out}
-    print(json.dumps(result, indent=1))
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(result, f, indent=1)
-            f.write("\n")
+    write_result(result, args.out)
 
 
 def _memory_child(args):
@@ -260,7 +265,7 @@ def main():
                                              "included), e.g. 204 for the paper's character-level setting")
     p.add_argument("--size", choices=sorted(SIZES), default="ptb_small",
                    help="model size: ptb_small (4L, d 256) or enwik8_base (the paper's speed table: 12L, d 512)")
-    p.add_argument("--out", help="also write the eval results to this JSON file")
+    p.add_argument("--out", help="also write the results (train, eval) to this JSON file")
     p.add_argument("--bsz", type=int, default=16)
     p.add_argument("--tgt-len", type=int, default=70)
     p.add_argument("--mem-len", type=int, default=70)

@@ -130,6 +130,11 @@ def attention_mask(qlen: int, mlen: int, mem_len: int, same_length: bool, device
     return mask
 
 
+def additive_mask(mask: torch.Tensor, dtype=torch.float32) -> torch.Tensor:
+    """The boolean mask of :func:`attention_mask` as 0 / -inf to add to the scores."""
+    return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(mask, float("-inf"))
+
+
 def hidden_key_columns(qlen: int, mlen: int, mem_len: int, same_length: bool) -> Tuple[int, int]:
     """``(a, b)``: every hidden key of :func:`attention_mask` lies in a column ``< a`` or ``>= b`` (computed
     from the lengths, no look at the mask), so evaluation writes the mask into those columns only."""
@@ -211,16 +216,19 @@ class RelativeMultiheadAttention(nn.Module):
         if position_keys is None or position_keys.size(1) != K + 1:
             position_keys = pad_position_keys(self.r_net(r), H)  # W_kR R, (H, K+1, D), a zero row in front
 
-        # (b)+(d): scale·(q + v) W_kR R, shifted so that column j holds distance i-j (rel_shift), masked
+        # (b)+(d): (q + v) W_kR R, shifted so that column j holds distance i-j (rel_shift), scaled and masked
         # (u and v are cast to the queries' dtype: under autocast the projections are bfloat16/float16)
-        q_v = (q + v.to(q.dtype).unsqueeze(1)) * self.scale
-        bias = shifted_position_scores(q_v, position_keys.to(q.dtype))  # (B, H, T, K), a view of the product
+        q_v = q + v.to(q.dtype).unsqueeze(1)
         # (a)+(c): (q + u) k^T, scaled, plus the positional bias, softmax, dropatt
         q_u = q + u.to(q.dtype).unsqueeze(1)
         if torch.is_grad_enabled() or self.training:  # (training: the same path when recomputed by
             # --checkpoint-activations, whose forward has no autograd)
-            attn = self._attend(q_u, k, val, bias.masked_fill(mask, float("-inf")))
-        else:  # (evaluation without autograd: the mask written into the product, the fused kernel)
+            bd = shifted_position_scores(q_v, position_keys.to(q.dtype))  # (B, H, T, K), a view of the product
+            bias = torch.add(additive_mask(mask, bd.dtype), bd, alpha=self.scale)  # one pass: scale, mask, copy
+            attn = self._attend(q_u, k, val, bias)
+        else:  # (evaluation without autograd: the scale on the queries, the mask written into the product's
+            # columns that hold hidden keys, the fused kernel)
+            bias = shifted_position_scores(q_v * self.scale, position_keys.to(q.dtype))
             a, b = (K, K) if mask_columns is None else mask_columns
             bias[..., :a].masked_fill_(mask[:, :a], float("-inf"))
             bias[..., b:].masked_fill_(mask[:, b:], float("-inf"))
