@@ -372,3 +372,33 @@ def test_converged_script_runs_masked_summation(tmp_path):
                                         (tmp_path / "w" / "train_masked_sum.log").read_text())]
     assert row["best_dev"] == min(dev) and row["test"] > 0
     assert row["command"].startswith("N=16 SAMPLES=64 MAX_EPOCH=2")
+
+
+def test_convergence_summary_pairs_seeds_and_writes_claims(tmp_path, capsys):
+    """summarize_converged.py: mean ± s.e. per model, Star − Transformer paired over common seeds, capped runs
+    marked; for masked summation lower is better and the claim takes the longest n with paired seeds."""
+    import json
+
+    from tests.helpers.cli import load_script
+
+    def row(task, model, seed, test, n=None, converged=True):
+        r = {"task": task, "model": model, "seed": seed, "test": test, "epochs": 9, "converged": converged,
+             "metric": {"sst5": "accuracy", "masked_sum": "mse"}[task]}
+        return dict(r, n=n) if n else r
+
+    rows = [row("sst5", "star", 1, 42.0), row("sst5", "star", 2, 41.0), row("sst5", "star", 3, 40.0, converged=False),
+            row("sst5", "transformer", 1, 40.0), row("sst5", "transformer", 2, 40.0),
+            row("masked_sum", "star", 1, 0.10, n=100), row("masked_sum", "transformer", 1, 0.20, n=100),
+            row("masked_sum", "star", 2, 0.12, n=100), row("masked_sum", "transformer", 2, 0.22, n=100),
+            row("masked_sum", "star", 1, 0.5, n=200)]
+    (tmp_path / "rows.json").write_text(json.dumps(rows))
+    claims = tmp_path / "claims.json"
+    load_script("benchmarks/star_transformer/summarize_converged.py").main(
+        ["--results", str(tmp_path / "rows.json"), "--claims", str(claims)])
+    out = capsys.readouterr().out
+    assert "| star | 1: 42, 2: 41, 3: 40 | 41 ± 0.58 | 9, 9, 9 (capped) | +1.5 ± 0.5 (p = 0.50, n = 2) | within noise |" in out
+    assert "| star | 1: 0.1, 2: 0.12 |" in out and "-0.1 ± 0 (p = 0.50, n = 2)" in out
+    by_id = {c["id"]: c for c in json.load(open(claims))}
+    assert by_id["star_sst5"]["ours"] == [42.0, 41.0] and by_id["star_sst5"]["baseline"] == [40.0, 40.0]
+    assert by_id["star_masked_sum"]["n"] == 100 and by_id["star_masked_sum"]["ours"] == [0.10, 0.12]
+    assert "star_conll03" not in by_id  # no CoNLL rows yet

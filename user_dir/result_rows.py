@@ -1,9 +1,13 @@
 """Result rows of the experiment scripts under ``benchmarks/`` and ``examples/``: one JSON list per experiment,
-one row per finished run, and the reading of a ``fairseq-train`` log those rows are made from."""
+one row per finished run, the reading of a ``fairseq-train`` log those rows are made from, and the statistics
+over seeds the summaries report (mean ± s.e., paired differences)."""
 import fcntl
+import itertools
 import json
+import math
 import os
 import re
+import statistics
 
 
 def upsert(path, new_rows, key):
@@ -45,3 +49,23 @@ def train_seconds(work):
         return None
     with open(path) as f:
         return sum(int(x) for x in f.read().split())
+
+
+def mean_se(values):
+    """(mean, standard error of the mean); the s.e. is None for a single value."""
+    mean = statistics.mean(values)
+    return mean, (statistics.stdev(values) / math.sqrt(len(values)) if len(values) > 1 else None)
+
+
+def paired(a, b):
+    """{"diff", "se", "ahead", "n", "p"} of A − B over seeds given in the same order: the mean difference, its
+    standard error, in how many seeds A is ahead, and the exact two-sided sign-flip permutation p-value (all 2^n
+    sign patterns of the paired differences)."""
+    if len(a) != len(b) or len(a) < 2:
+        raise ValueError(f"paired comparison needs the same number (>= 2) of seeds, got {len(a)} and {len(b)}")
+    diffs = [x - y for x, y in zip(a, b)]
+    mean, se = mean_se(diffs)
+    observed = abs(sum(diffs))
+    flips = list(itertools.product((1, -1), repeat=len(diffs)))
+    extreme = sum(abs(sum(s * d for s, d in zip(signs, diffs))) >= observed - 1e-9 for signs in flips)
+    return {"diff": mean, "se": se, "ahead": sum(d > 0 for d in diffs), "n": len(diffs), "p": extreme / len(flips)}

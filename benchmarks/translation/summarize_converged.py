@@ -15,9 +15,7 @@ import json
 import os
 import sys
 
-from paired_seeds import mean_se, paired
-
-from user_dir.result_rows import upsert
+from user_dir.result_rows import mean_se, paired, upsert
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 CONFIGS = [("transformer", None), ("capsule_transformer", "enc_self"), ("capsule_transformer", "default"),

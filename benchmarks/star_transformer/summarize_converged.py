@@ -1,0 +1,116 @@
+#!/usr/bin/env python
+"""The Star-Transformer convergence tables from ``benchmarks/star_transformer/results/converged.json`` (rows of
+``converged.sh``): per experiment (SST-5, CoNLL-2003, masked summation at each length n) and model the test metric
+per seed and its mean ± s.e., and Star − Transformer paired over the seeds both have (sign-flip p) with a verdict.
+
+    python benchmarks/star_transformer/summarize_converged.py [--results JSON] \
+        [--claims benchmarks/results/paper_claims.json]
+
+Runs that stopped at ``--max-epoch`` rather than by ``--patience`` are marked "capped".  ``--claims`` writes
+the rows ``star_sst5``, ``star_conll03`` and ``star_masked_sum`` (the longest n with >= 2 paired seeds) into
+the paper-claims file.
+"""
+import argparse
+import json
+import os
+import sys
+
+from user_dir.result_rows import mean_se, paired, upsert
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+METRIC = {"sst5": "accuracy", "conll03": "span_f1", "masked_sum": "mse"}
+HIGHER_IS_BETTER = {"accuracy": True, "span_f1": True, "mse": False}
+TITLES = {"sst5": "SST-5 test accuracy", "conll03": "CoNLL-2003 test span F1", "masked_sum": "masked summation test MSE"}
+CLAIMS = {
+    "sst5": ("star_sst5", "the Star-Transformer beats the Transformer on SST-5 (52.9 vs 50.4 accuracy, GloVe)", 52.9),
+    "conll03": ("star_conll03", "the Star-Transformer is competitive on CoNLL-2003 NER (paper: 90.93 F1 with "
+                "GloVe and character features)", 90.93),
+    "masked_sum": ("star_masked_sum", "on masked summation the Star-Transformer and the Transformer both stay "
+                   "accurate as the length n grows (MSE, Fig. 3a; no table of values)", None),
+}
+
+
+def experiments(rows):
+    """{(task, n): {model: {seed: row}}}."""
+    out = {}
+    for r in rows:
+        out.setdefault((r["task"], r.get("n")), {}).setdefault(r["model"], {})[r["seed"]] = r
+    return dict(sorted(out.items(), key=lambda kv: (kv[0][0], kv[0][1] or 0)))
+
+
+def compare(star, transformer, metric):
+    """Star − Transformer over the common seeds (``None`` below 2) and the verdict (p < 0.05)."""
+    common = sorted(set(star) & set(transformer))
+    if len(common) < 2:
+        return None
+    p = paired([star[s]["test"] for s in common], [transformer[s]["test"] for s in common])
+    better = p["diff"] > 0 if HIGHER_IS_BETTER[metric] else p["diff"] < 0
+    p["verdict"] = "within noise" if p["p"] >= 0.05 else ("Star ahead" if better else "Star behind")
+    p["seeds"] = common
+    return p
+
+
+def markdown(rows):
+    lines = []
+    for (task, n), models in experiments(rows).items():
+        metric = METRIC[task]
+        lines += ["", f"{TITLES[task]}{f', n = {n}' if n else ''}:", "",
+                  "| model | test per seed | mean ± s.e. | epochs | Star − Transformer (paired) | verdict |",
+                  "|---|---|---|---|---|---|"]
+        comparison = compare(models.get("star", {}), models.get("transformer", {}), metric)
+        for model in ("star", "transformer"):
+            runs = models.get(model)
+            if not runs:
+                continue
+            seeds = sorted(runs)
+            values = [runs[s]["test"] for s in seeds]
+            mean, se = mean_se(values)
+            per_seed = ", ".join(f"{s}: {v:g}" for s, v in zip(seeds, values))
+            epochs = ", ".join(f"{runs[s]['epochs']}{'' if runs[s]['converged'] else ' (capped)'}" for s in seeds)
+            diff = verdict = "—"
+            if model == "star" and comparison:
+                diff = (f"{comparison['diff']:+.3g} ± {comparison['se']:.2g} (p = {comparison['p']:.2f}, "
+                        f"n = {comparison['n']})")
+                verdict = comparison["verdict"]
+            lines.append(f"| {model} | {per_seed} | {mean:.4g}{'' if se is None else f' ± {se:.2g}'} | {epochs} "
+                         f"| {diff} | {verdict} |")
+    return "\n".join(lines).lstrip("\n")
+
+
+def claim_rows(rows):
+    out = []
+    for task, (cid, claim, value) in CLAIMS.items():
+        candidates = [(n, models) for (t, n), models in experiments(rows).items() if t == task]
+        paired_ok = [(n, m) for n, m in candidates if compare(m.get("star", {}), m.get("transformer", {}), METRIC[task])]
+        if not paired_ok:
+            continue
+        n, models = max(paired_ok, key=lambda c: c[0] or 0)
+        seeds = sorted(set(models["star"]) & set(models["transformer"]))
+        row = {"id": cid, "paper": "Star-Transformer (Guo et al. 2019)", "claim": claim,
+               "ours": [models["star"][s]["test"] for s in seeds],
+               "baseline": [models["transformer"][s]["test"] for s in seeds], "paper_value": value, "seeds": seeds,
+               "converged": all(models[m][s]["converged"] for m in ("star", "transformer") for s in seeds),
+               "command": f"{'N=' + str(n) + ' ' if n else ''}benchmarks/star_transformer/converged.sh {task} "
+                          f"star|transformer SEED (random embeddings: no GloVe)"}
+        if task == "masked_sum":
+            row["n"] = n
+        out.append(row)
+    return out
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--results", default=os.path.join(HERE, "results", "converged.json"))
+    p.add_argument("--claims", help="write the star_sst5 / star_conll03 / star_masked_sum rows into this JSON list")
+    args = p.parse_args(argv)
+    if not os.path.exists(args.results):
+        p.error(f"--results {args.results}: no such file (run benchmarks/star_transformer/converged.sh first)")
+    with open(args.results) as f:
+        rows = json.load(f)
+    print(markdown(rows))
+    if args.claims:
+        upsert(args.claims, claim_rows(rows), key=lambda r: r["id"])
+
+
+if __name__ == "__main__":
+    sys.exit(main())
