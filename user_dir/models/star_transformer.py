@@ -4,20 +4,29 @@
 runs with fairseq's own ``sentence_prediction`` task and criterion, and with the plugin's
 ``sentence_pair_classification``, ``sequence_tagging`` and ``masked_summation`` tasks:
 
-* sentence classification (paper Sec. 3.3 / 5.2): r = s^T + max_i(h_i^T) -> MLP;
+* sentence classification (paper Sec. 3.3 / 5.2): r = s^T + max_i(h_i^T) -> MLP
+  (:func:`sentence_vector`, :class:`StarClassificationHead`);
 * NLI as a sentence-vector model (paper Sec. 5.3): premise and hypothesis encoded
-  separately, [r1; r2; |r1 - r2|; r1 - r2] -> MLP as the paper's text gives it
-  (``--nli-features paper``, default) or [r1; r2; |r1 - r2|; r1 * r2], the usual
-  sentence-encoder features (``--nli-features mult``); ``pair_tokens`` in ``net_input``;
+  separately, pair features -> MLP (``pair_tokens`` in ``net_input``);
 * sequence labelling (paper Sec. 5.4): h_i^T -> linear (optionally a CRF);
-* masked summation (paper Sec. 5.1): continuous inputs (``src_features``) -> regression.
+* masked summation (paper Sec. 5.1): continuous inputs (``src_features``) -> regression
+  (the task is :mod:`user_dir.tasks.masked_summation`).
 
-Pre-trained word vectors (GloVe or word2vec text format) fill the embedding table with
-``--pretrained-embeddings FILE``; ``--freeze-embeddings`` keeps them fixed as in the paper.
-The file is read when a model is built for training; a trained checkpoint holds the vectors,
-so loading it (``fairseq-validate``, hub ``from_pretrained``) does not read the file again
-and works where the file is not (:func:`fill_pretrained_embeddings`).
-The encoder itself lives in :mod:`user_dir.modules.star_transformer_layer`.
+The encoder itself, with the paper's update equations and the encoder's reconstruction decisions, lives in
+:mod:`user_dir.modules.star_transformer_layer`.
+
+Reconstruction decisions of the heads
+-------------------------------------
+1. *Sentence vector* (``--sentence-pooling``): ``sum`` = the paper's s^T + max_i h_i^T, the max over real
+   tokens only (an all-pad row pools to 0); ``mean`` halves it (fastNLP).
+2. *NLI features* (``--nli-features``): ``paper`` (default) = [r1; r2; |r1 − r2|; r1 − r2], as the paper's
+   text (Sec. 5.3) gives it; ``mult`` = [r1; r2; |r1 − r2|; r1 ∗ r2], the usual sentence-encoder features.
+   A checkpoint whose configuration has no ``nli_features`` was trained with ``mult`` and is loaded so,
+   with a warning (:meth:`StarTransformerModel.load_state_dict`).
+3. *Word vectors* (Sec. 5): ``--pretrained-embeddings FILE`` (GloVe or word2vec text) fills the embedding
+   table and ``--freeze-embeddings`` keeps it fixed, as the paper.  The file is read only when a model is
+   built for training; a trained checkpoint holds the vectors, so loading it (``fairseq-validate``, hub
+   ``from_pretrained``) does not need the file (:func:`fill_pretrained_embeddings`).
 """
 import logging
 import os

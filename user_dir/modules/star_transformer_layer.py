@@ -1,6 +1,9 @@
 """Star-Transformer encoder (Guo et al., NAACL 2019, arXiv 1902.09113), linear in the length.
 
-Paper, Sec. 2 ("Implementation"/"Update") and Algorithm 1::
+Where the paper's ideas live
+----------------------------
+n satellite nodes on a ring plus one relay node that every satellite talks to (paper Fig. 1, Sec. 2
+"Implementation"/"Update", Algorithm 1)::
 
     H^0 = E,  s^0 = average(E)                              # E: token + learned position embeddings
     for t = 1..T:                                            # separate parameters per step
@@ -8,52 +11,50 @@ Paper, Sec. 2 ("Implementation"/"Update") and Algorithm 1::
         h_i^t = LayerNorm(ReLU(MultiAtt(h_i^{t-1}, C_i^t)))   # (1) satellites, all i in parallel
         s^t   = LayerNorm(ReLU(MultiAtt(s^{t-1}, [s^{t-1}; H^t])))  # (2) relay, uses the new H^t
 
+Satellite update (1): :class:`RingAttention` (the reference, plain autograd) or :class:`FusedRingAttention`
+(``star_ring_core="fused"``, the default: the same outputs and gradients from :mod:`.star_ring_core`, which
+keeps about 2 n·d values per cycle for the backward pass instead of about 8 n·d).  Relay update (2):
+:class:`RelayAttention`.  One step with its norm, activation and optional FFN: :class:`StarTransformerCycle`;
+the T steps: :class:`StarTransformer` (``checkpoint_activations`` recomputes each whole cycle in the backward
+pass, keeping about one n×d tensor per cycle).
+
+Cost (paper, "Comparison to the standard Transformer"): O(5nd) for the ring, O(nd) for the relay.  The ring's
+scores are a (B, n, H, 5) tensor (the neighbours' keys read by shifting the projected keys along the
+sequence, no n×n tensor); the relay's single query is folded into its key and value projections (O(n d H),
+no projected copy of H).
+
+Reconstruction decisions
+------------------------
 The paper and the two public implementations (fastNLP, Tencent's NeuralClassifier) differ in the details
-below; each is an option here (a field of :class:`StarTransformerOptions`, the fairseq flag of the same
-name), so that either implementation can be reproduced:
+below.  Each is a field of :class:`StarTransformerOptions` (the fairseq flag of the same name); the default
+follows the paper's text with padding-invariant outputs, and :data:`FASTNLP` holds the settings that
+reproduce fastNLP 1.0.1's ``StarTransformer``.
 
-* **Ring** (``star_no_ring_wrap``): the paper says "the first and last nodes are also connected"
-  (Sec. 2, ring connections), so the default closes the ring — *per sentence*: the first
-  real token's left neighbour is the sentence's last real token, whatever the padding.
-  fastNLP and Tencent's NeuralClassifier do not wrap (``star_no_ring_wrap=True``).
-* **Padded / missing neighbours** (``star_unmasked_ring_pads``): by default a neighbour that is
-  padding (or beyond the ends of an open ring) gets score −inf, so a sentence's outputs
-  do not depend on the batch it is in.  ``True`` reproduces fastNLP: the ends of the
-  sequence see a zero key/value (score 0, value 0, still taking softmax mass) and pad
-  satellites are ordinary neighbours.
-* **Norm placement** (``star_norm_position``): ``post`` = paper, LN(act(MultiAtt(h, C)));
-  ``pre`` = fastNLP, act(MultiAtt(LN(h), C)) with LN on the query and the ring keys only.
-* **Relay norm** (``star_no_relay_norm``): paper yes, fastNLP no.
-* **Activation** (``star_activation``): ``relu`` (paper) or ``leaky_relu`` (fastNLP, slope 0.01).
-* **Relay initialisation** (``star_unmasked_relay_init``): s^0 is the mean over the real tokens
-  (default) or over all positions including padding (fastNLP).
-* **Deeper stacks** (fastNLP issue #267, the first author's advice): ``star_residual``,
-  ``encoder_ffn_embed_dim`` (> 0 adds a position-wise FFN sub-layer to satellites and relay) and
-  ``init_std`` (> 0: all projections ~ N(0, init_std), biases 0; fastNLP uses 0.05).
-* **Dropout** (``star_block_dropout``): the paper does not say where; Tencent's code drops each
-  block's activation output before the LayerNorm (default: the ``dropout`` rate), fastNLP
-  only the input embeddings (``star_block_dropout=0``).
-* Heads: ``encoder_head_dim`` may differ from ``d / heads`` (fastNLP's 1×1-conv projections map
-  d → heads·head_dim), default ``d // heads``.
+1. *Closed ring, per sentence* (``star_no_ring_wrap``).  "The first and last nodes are also connected"
+   (Sec. 2): the first real token's left neighbour is the sentence's last real token, whatever the padding.
+   fastNLP and NeuralClassifier leave the ring open.
+2. *Padded and missing neighbours are masked* (``star_unmasked_ring_pads``): score −inf, so a sentence's
+   outputs do not depend on the batch it is in.  fastNLP: the ends of the sequence see a zero key/value
+   (score 0, still taking softmax mass) and pad satellites (zeroed after every update) are ordinary
+   neighbours.
+3. *Norm placement* (``star_norm_position``): ``post`` = the paper, LN(act(MultiAtt(h, C))); ``pre`` =
+   fastNLP, act(MultiAtt(LN(h), C)) with LN on the query and the ring keys only (e_i and s un-normalised).
+4. *Relay norm* (``star_no_relay_norm``): the paper normalises the relay, fastNLP does not.
+5. *Activation* (``star_activation``): ``relu`` (paper) or ``leaky_relu`` (fastNLP, slope 0.01).
+6. *Relay initialisation* (``star_unmasked_relay_init``): s^0 is the mean over the real tokens (default) or
+   over all positions, padding included (fastNLP).
+7. *Positions* are counted from each sentence's first real token (:meth:`StarTransformer.positions`), so
+   left padding is safe; input longer than the position table is an error naming ``--max-positions``.
+8. *Head size* (``encoder_head_dim``): ``d // heads`` by default; fastNLP's 1×1-conv projections map d →
+   heads·head_dim with any head_dim.
+9. *Dropout placement* (``star_block_dropout``): the paper does not say where.  NeuralClassifier drops each
+   block's activation output before the LayerNorm (default: the ``dropout`` rate), fastNLP only the input
+   embeddings (``star_block_dropout=0``).
+10. *Deeper stacks* (not in the paper; the first author's advice, fastNLP issue #267): ``star_residual``,
+    ``encoder_ffn_embed_dim`` (> 0 adds a position-wise FFN sub-layer to satellites and relay) and
+    ``init_std`` (> 0: all projections ~ N(0, init_std), biases 0; fastNLP uses 0.05).
 
-:data:`FASTNLP` holds the settings that reproduce fastNLP 1.0.1's ``StarTransformer``.
-
-Cost (paper, "Comparison to the standard Transformer"): O(5nd) for the ring, O(nd) for the
-relay.  The ring attention projects K and V once per step and reads the neighbours by
-slicing the projected tensors along the sequence axis, so no n×n tensor and no stacked
-copy of the five context vectors exist: the scores are a (B, n, H, 5) tensor and the
-weighted sum is accumulated in place.  The relay's single query is folded into its key
-and value projections (:class:`RelayAttention`), so the relay step is O(n d H) and stores
-no projected copy of H.
-
-Activation memory: :class:`RingAttention` is the reference, the paper's ring update in plain
-autograd ops; it keeps ~8 n·d values per cycle for the backward pass.  The default
-``star_ring_core="fused"`` builds :class:`FusedRingAttention` instead, which runs the same
-computation through the fused core of :mod:`.star_ring_core` (one autograd Function with a
-hand-written backward that recomputes the projections): about 2 n·d per cycle, same outputs and
-gradients.  The choice is made when the model is built.  ``checkpoint_activations`` recomputes
-each whole cycle during the backward pass, keeping only the cycle inputs (about one n x d
-tensor per cycle).
+The heads on top of the encoder (sentence vector, NLI features) are :mod:`user_dir.models.star_transformer`'s.
 """
 from dataclasses import dataclass, field, fields
 from typing import Optional

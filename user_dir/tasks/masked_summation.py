@@ -1,20 +1,22 @@
-"""``masked_summation``: the paper's long-range simulation task (Sec. 5.1), generated on the fly.
+"""``masked_summation``: the paper's long-range simulation task (Guo et al. 2019, Sec. 5.1), generated on the fly.
 
-The paper's figure with the exact definition did not survive extraction; its prose says the
-model must "recognize the mask value and gather columns in different positions", that the
-difficulty grows when the length n is much larger than the number of columns k, that the
-metric is MSE, and that there are 10k/10k/10k train/dev/test samples.  This task is our
-reconstruction, documented in docs/star_transformer.md:
+What the paper says: the model must "recognize the mask value and gather columns in different positions";
+the difficulty grows when the length n is much larger than the number of columns k; the metric is MSE;
+there are 10k/10k/10k train/dev/test samples (``--train-size``, ``--valid-size``, ``--test-size``).  The
+figure with the exact definition did not survive extraction, so the task is a reconstruction.
 
-* an input is n vectors ``[x_i; m_i]`` with x_i ~ U(0, 1)^k and a mask bit m_i;
-  exactly ``--num-masked`` (default k) positions, anywhere in the sequence, have m_i = 1;
-* the target is the k-vector y = sum_i m_i x_i;
-* the model regresses y from the sentence vector (s^T + max H^T -> MLP) under the
-  ``masked_summation_mse`` criterion (mean squared error per target value).
-
-Every split is generated deterministically from ``--seed`` and the split name, so train,
-valid and test differ and a rerun reproduces them.  Sequence length is ``--seq-len``
-(``--min-seq-len`` < seq-len gives variable-length, right-padded batches).
+Reconstruction decisions
+------------------------
+1. *Inputs*: n vectors ``[x_i; m_i]`` (``--seq-len`` n) with x_i ~ U(0, 1)^k (``--num-columns`` k,
+   default 10) and a mask bit m_i; exactly ``--num-masked`` positions (default k), anywhere in the
+   sequence, have m_i = 1.
+2. *Target*: the k-vector y = sum_i m_i x_i.
+3. *Model and loss*: the model regresses y from the sentence vector (s^T + max H^T -> MLP), its inputs
+   the continuous ``[x_i; m_i]`` (``--input-features`` is set to k + 1), under the
+   ``masked_summation_mse`` criterion (mean squared error per target value).
+4. *Data*: every split is generated deterministically from ``--seed`` and the split name, so train, valid
+   and test differ and a rerun reproduces them; ``--min-seq-len`` < ``--seq-len`` gives variable-length,
+   right-padded batches.
 """
 import zlib
 from dataclasses import dataclass, field
