@@ -2,13 +2,9 @@
 arXiv 2111.14031, §3, Tables 1–4).
 
 ON-LSTM's models (:mod:`user_dir.models.onlstm`: same sizes, regularisation, heads and presets) whose master
-gates are computed from the input only, for the whole sequence before the time loop
-(:mod:`user_dir.modules.ordered_neurons`).  ``--master`` picks F_f, F_i:
-
-* ``ffn`` (default): two-layer position-wise FFN, as the paper's text ("FastTrees");
-* ``linear``: one position-wise linear map, as the authors' released ``FastTrees.py``;
-* ``conv``: causal 1-D convolution (``--conv-kernel-size``) then one position-wise layer ("Conv. FastTrees");
-  the released ``ConvFT.py`` also reads the next token, this one is causal.
+gates are computed from the input only, for the whole sequence before the time loop.  The cell, its
+equations and its reconstruction decisions (``--master ffn|linear|conv``: decision 2; F's width: decision 3)
+are in :mod:`user_dir.modules.ordered_neurons`.
 """
 from dataclasses import dataclass, field
 

@@ -1,9 +1,9 @@
 """FastTrees Transformers (Pung & Chan, arXiv 2111.14031, Sec. 3 "FastTrees in Transformers").
 
-Every block is fairseq's Transformer block with the FastTrees sublayer
-(:mod:`user_dir.modules.fasttrees_layer`) placed right after self-attention:
-self-attention → FastTrees → (cross-attention) → FFN, each with the base
-Transformer's residual connection and layer norm.  Three fairseq models:
+Every block is fairseq's Transformer block with the FastTrees sublayer placed
+right after self-attention; the sublayer, the paper's equations and the
+reconstruction decisions are in :mod:`user_dir.modules.fasttrees_layer`.
+Three fairseq models:
 
 * ``fasttrees_transformer``: encoder-decoder for translation (presets
   ``fasttrees_transformer_iwslt_en_vi`` = Transformer-base as the paper's
@@ -15,9 +15,7 @@ Transformer's residual connection and layer norm.  Three fairseq models:
   serve fairseq's ``sentence_prediction`` task (sentence and sentence-pair
   classification, e.g. the logical-inference recipe).
 
-Decoders decode incrementally (the FastTrees cell ``c_{t−1}`` and the conv
-window are incremental state; beam reordering via
-``reorder_incremental_state``).
+Decoders decode incrementally (decision 9 of :mod:`user_dir.modules.fasttrees_layer`).
 """
 import argparse
 

@@ -1,49 +1,66 @@
 """FastTrees: parallel latent tree induction as a Transformer sublayer.
 
-Paper: Pung & Chan, "FastTrees: Parallel Latent Tree-Induction for Faster
-Sequence Encoding" (arXiv 2111.14031), built on the ordered-neuron gates of
-ON-LSTM (Shen et al., ICLR 2019).  The paper's equations were lost from our
-copy, so the design below follows its prose and the released RNN code;
-``docs/fasttrees.md`` ("Decisions") gives each choice the paper leaves open
-and its reason.  Symbols follow ON-LSTM.
+Paper: Pung & Chan, "FastTrees: Parallel Latent Tree-Induction for Faster Sequence Encoding" (arXiv
+2111.14031), built on the ordered-neuron gates of ON-LSTM (Shen et al., ICLR 2019).  The paper's equations
+were lost from our copy and its released code covers only the RNN language model, so the Transformer
+variant below follows its prose and the released RNN code.  Symbols follow ON-LSTM.
 
-Master gates (paper, "master forget gate ... master input gate"), computed in
-parallel from the sublayer input only::
+Where the paper's ideas live
+----------------------------
+* **Placement** (Sec. 3, "We place the tree induction module ... right after the self-attention layer"):
+  self-attention → FastTrees → (cross-attention) → FFN (:class:`FastTreesEncoderLayer`,
+  :class:`FastTreesDecoderLayer`).
+* **Master gates from the input only** (paper, "master forget gate ... master input gate"), in parallel
+  over time (:meth:`FastTreesSublayer.master_gates`)::
 
-    f̃_t = cumax(F_f(x_t))          ĩ_t = 1 − cumax(F_i(x_t))          cumax = cumsum ∘ softmax
+      f̃_t = cumax(F_f(x_t))          ĩ_t = 1 − cumax(F_i(x_t))          cumax = cumsum ∘ softmax
 
-* ``--fasttrees-master ffn`` (default, "FastTrees"): F is a two-layer
-  position-wise FFN, ``Linear(d, h) → ReLU → Linear(h, D_m)``.
-* ``--fasttrees-master conv`` ("Conv. FastTrees"): a *causal* 1-D convolution
-  over time (kernel ``--conv-kernel-size``, dilation ``--conv-dilation``; the
-  input is left-padded by ``(k−1)·dilation``, so x_t never sees tokens > t)
-  followed by one position-wise layer.  The released ``ConvFT.py`` reads the
-  next token (no chomp); this module deliberately does not.
+  ``--fasttrees-master ffn`` ("FastTrees"): F is a two-layer position-wise FFN, ``Linear(d, h) → ReLU →
+  Linear(h, D_m)``; ``--fasttrees-master conv`` ("Conv. FastTrees"): a 1-D convolution over time (kernel
+  ``--conv-kernel-size``, dilation ``--conv-dilation``) → ReLU → one position-wise layer.  ``D_m = d / C``
+  master units, each controlling ``C = --chunk-size`` neurons (ON-LSTM chunking).
+* **Structured gating** (ON-LSTM eqs. 9–14), with the standard gates from x_t only::
 
-``D_m = d / C`` master units, each controlling ``C = --chunk-size`` neurons
-(ON-LSTM chunking).  Structured gating (ON-LSTM eqs. 9–14), with the standard
-gates from x_t only (as the released ``FasterFT.py``)::
+      f, i, o = σ(W x_t + b),   ĉ = tanh(W_c x_t + b_c)
+      ω = f̃ ∘ ĩ,   f̂ = f ∘ ω + (f̃ − ω),   î = i ∘ ω + (ĩ − ω)
+      c_t = f̂_t ∘ c_{t−1} + î_t ∘ ĉ_t,      h_t = o_t ∘ tanh(c_t)
 
-    f, i, o = σ(W x_t + b),   ĉ = tanh(W_c x_t + b_c)
-    ω = f̃ ∘ ĩ,   f̂ = f ∘ ω + (f̃ − ω),   î = i ∘ ω + (ĩ − ω)
-    c_t = f̂_t ∘ c_{t−1} + î_t ∘ ĉ_t,      h_t = o_t ∘ tanh(c_t)
+* **Syntactic distance** (ON-LSTM §4.3, ``distance_cforget``): ``d_t = 1 − mean(f̃_t)``; set
+  :attr:`FastTreesSublayer.record_distance` to keep it after a forward pass (trees:
+  :mod:`user_dir.modules.fasttrees_trees`).
 
-Because f̂ and î do not depend on c or h, the cell recurrence is *linear* and
-is evaluated for all t at once by :func:`linear_scan` (a log-depth
-parallel prefix scan, no Python loop over time).  ``--fasttrees-no-recurrence``
-selects the fully parallel reading ``c_t = î_t ∘ ĉ_t``.  Decoders scan left
-to right and keep ``c_{t−1}`` (and the conv window) as incremental state;
-encoders may scan half of the units right to left
-(``--fasttrees-bidirectional``; each direction then has its own master
-hierarchy of ``D_m / 2`` units).
+Reconstruction decisions (where the paper is silent)
+----------------------------------------------------
+1. *Every block* of the encoder and of the decoder gets a FastTrees sublayer, with the base Transformer's
+   residual connection and layer norm around it (post-norm by default, ``--*-normalize-before`` for pre-norm).
+2. *Standard gates from x_t only*, as the released ``FasterFT.py``: with no h_{t−1}, f̂ and î do not depend
+   on c or h, so the recurrence over c is linear and the whole sublayer is parallel over time.
+3. *Cell recurrence kept* (the c_{t−1} term), evaluated for all t at once by :func:`linear_scan`, a
+   work-efficient odd–even parallel scan (:func:`odd_even_scan`: ⌈log2 T⌉ levels on strided views, O(T)
+   work, only products and sums of numbers ≤ 1 in magnitude, so as accurate as the loop).
+   ``--fasttrees-no-recurrence`` selects the fully parallel reading ``c_t = î_t ∘ ĉ_t``.
+4. *Scan backward by hand* (:class:`_LinearScan`): the adjoint of c_t = f̂_t ∘ c_{t−1} + b_t is the same
+   linear recurrence run right to left, so the backward pass is one more parallel scan instead of autograd
+   replaying every scan level (same gradients).
+5. *Causal conv*: the input is left-padded by ``(k−1)·dilation``, so x_t never sees tokens > t, in decoders
+   *and* encoders (encoders are bidirectional through attention anyway).  The released ``ConvFT.py`` pads
+   symmetrically without a chomp, so its output at t reads x_{t+1}.  The conv acts on the whole sublayer
+   input, not on a slice of features as in ``ConvFT.py``.
+6. *F_f and F_i are separate networks* of hidden width h (``--master-hidden-dim``, default d/2); their first
+   layers are fused into one Linear/Conv1d of 2h outputs (mathematically two independent layers).  The
+   sublayer keeps one Linear per map: fusing the gate projection with F's first layer, or gating i and f in
+   one broadcast, was slower on CPU.
+7. *Bidirectional option* (``--fasttrees-bidirectional``, encoders only): the second half of the units is
+   scanned right to left with its own master hierarchy of D_m/2 units (needs an even D_m).
+8. *Padding*: pad positions are identities of the recurrence (f̂ = 1, î = 0) and are zeroed before the
+   conv, so a sentence's outputs do not depend on the padding around it.
+9. *Incremental decoding*: a decoder keeps c_{t−1} and the last ``(k−1)·dilation`` conv inputs per layer in
+   fairseq's ``incremental_state``; ``reorder_incremental_state`` reorders them for beam search.
+10. *Half precision*: the gate arithmetic, the master gates' cumax and the cell recurrence run in float32
+    for float16/bfloat16 inputs (forget gates near 1 are multiplied over the whole sequence, and 1 − f̂
+    keeps only a few bits in bfloat16); the output is cast back and the incremental cell state stays float32.
 
-Padding: pad positions are made identities of the recurrence (f̂ = 1,
-î = 0) and are zeroed before the convolution, so a sentence's outputs do not
-depend on the padding around it.
-
-Syntactic distance (ON-LSTM §4.3 / ``distance_cforget``): ``1 − mean(f̃_t)``
-over the (forward) master units; set :attr:`FastTreesSublayer.record_distance`
-to keep it after a forward pass (see :mod:`user_dir.modules.fasttrees_trees`).
+The recurrent FastTrees model of the paper's Tables 1–4 is :mod:`user_dir.modules.ordered_neurons`.
 """
 from dataclasses import dataclass, field, fields
 from typing import Dict, Optional

@@ -1,5 +1,7 @@
 """Ordered-neuron recurrent layers: ON-LSTM and the recurrent FastTrees cell.
 
+Where the papers' ideas live
+----------------------------
 **ON-LSTM** (Shen et al., "Ordered Neurons", ICLR 2019, eqs. 9–14) orders an LSTM's cell by two *master*
 gates, each a cumulative softmax over ``D_m = H / C`` master units (one unit per chunk of ``C`` neurons)::
 
@@ -8,34 +10,41 @@ gates, each a cumulative softmax over ``D_m = H / C`` master units (one unit per
     ω_t = f̃_t ∘ ĩ_t      f̂_t = f_t ∘ ω_t + (f̃_t − ω_t)      î_t = i_t ∘ ω_t + (ĩ_t − ω_t)
     c_t = f̂_t ∘ c_{t−1} + î_t ∘ ĉ_t                     h_t = o_t ∘ tanh(c_t)
 
-(each master value applies to the ``C`` neurons of its chunk).
+(each master value applies to the ``C`` neurons of its chunk; ``master="recurrent"``).
 
-**FastTrees** (Pung & Chan, arXiv 2111.14031, §3) computes the master gates from the input alone,
-``f̃_t = cumax(F_f(x_t))`` and ``ĩ_t = 1 − cumax(F_i(x_t))``, so that they are evaluated for every t at once,
-before the time loop; the standard gates f, i, o, ĉ still read ``h_{t−1}`` (as the authors' released
-``FastTrees.py``).  ``master`` selects F:
+**FastTrees** (Pung & Chan, arXiv 2111.14031, §3; the model of its Tables 1–4) computes the master gates
+from the input alone, ``f̃_t = cumax(F_f(x_t))`` and ``ĩ_t = 1 − cumax(F_i(x_t))``, so that they are
+evaluated for every t at once, before the time loop (:class:`MasterGateNetwork`).
 
-* ``"ffn"`` (default, the paper's text: "2 layered position-wise feed-forward layers"):
-  ``Linear(d_in, h) → ReLU → Linear(h, D_m)`` for each of F_f and F_i (first layers fused);
-* ``"linear"`` (the released ``FastTrees.py``): one position-wise linear map;
-* ``"conv"`` (Conv. FastTrees, the paper's text): a *causal* 1-D convolution over time (kernel ``k``, the
-  input left-padded by ``k − 1``, so x_t never sees a later token), ReLU, then one position-wise layer.
-  The released ``ConvFT.py`` convolves without trimming the right pad and so reads x_{t+1}; this one does not.
+**Regularisation** as both papers (AWD-LSTM, Merity et al. 2018): weight drop (DropConnect) on the
+hidden-to-hidden matrix, one mask per forward pass; locked (variational) dropout between layers
+(:class:`OrderedNeuronsStack`); embedding dropout (:func:`embedding_dropout`).
 
-F's hidden width (``master_hidden_dim``, the conv's channels) defaults to the width that gives F as many weights
-as ON-LSTM's master gates have (:func:`equal_parameter_width`), so that the two cells compare at equal size.
+**Syntactic distance** (ON-LSTM §4.3, used for unsupervised parsing): ``d_t = 1 − mean(f̃_t)`` over a layer's
+master units, returned by every forward pass.
 
-``master="recurrent"`` is ON-LSTM.  Everything that does not depend on ``h_{t−1}`` (the input projections of all
-gates, FastTrees' master gates) is computed for the whole sequence first; the time loop costs one matrix
-product of ``h_{t−1}`` per step (:meth:`OrderedNeuronsLayer.forward`, the reference written step by step).
-
-Regularisation as both papers (AWD-LSTM, Merity et al. 2018): weight drop (DropConnect) on the
-hidden-to-hidden matrix, one mask per forward pass (applied inverted: kept weights are scaled by
-``1/(1−p)`` in training, the released code instead scales by ``1−p`` at evaluation; the two are the same model
-up to a reparametrisation).  Locked (variational) dropout between layers is :class:`OrderedNeuronsStack`'s.
-
-Syntactic distance (ON-LSTM §4.3, used for unsupervised parsing): ``d_t = 1 − mean(f̃_t)`` over a layer's master
-units, returned by every forward pass.
+Reconstruction decisions
+------------------------
+1. *Standard gates read h_{t−1}* in the FastTrees cell (f, i, o, ĉ as in ON-LSTM), as the authors' released
+   ``FastTrees.py``; only the master gates leave the loop.  The released ``FasterFT.py`` (standard gates
+   without h_{t−1}) is not built here: it is the Transformer sublayer's cell
+   (:mod:`user_dir.modules.fasttrees_layer`) run as an RNN.
+2. *F* (``master``): ``"ffn"`` (default, the paper's text: "2 layered position-wise feed-forward layers"),
+   ``Linear(d_in, h) → ReLU → Linear(h, D_m)`` for each of F_f and F_i (first layers fused); ``"linear"``
+   (the released ``FastTrees.py``): one position-wise linear map; ``"conv"`` (Conv. FastTrees, the paper's
+   text): a *causal* 1-D convolution over time (kernel ``k``, the input left-padded by ``k − 1``, so x_t never
+   sees a later token), shared by F_f and F_i, ReLU, then one position-wise layer each.  The released
+   ``ConvFT.py`` convolves without trimming the right pad and so reads x_{t+1}.
+3. *F's width* (``master_hidden_dim``, the conv's channels) defaults to the width that gives F as many weights
+   as ON-LSTM's master gates have (:func:`equal_parameter_width`), so that the two cells compare at equal size.
+4. *Time loop*: everything that does not depend on ``h_{t−1}`` (the input projections of all gates,
+   FastTrees' master gates) is computed for the whole sequence first; each step costs one matrix product of
+   ``h_{t−1}`` and the gate arithmetic (:meth:`OrderedNeuronsLayer.forward`, the reference written step by
+   step), in float32.
+5. *Weight drop inverted*: kept weights are scaled by ``1/(1−p)`` in training; the released code instead
+   scales by ``1−p`` at evaluation (the same model up to a reparametrisation).
+6. *Padding*: a padded step leaves (h, c) unchanged, so a sentence's outputs and final state are the same
+   alone and in a padded batch.
 """
 from typing import List, Optional, Tuple
 
