@@ -1,41 +1,58 @@
-"""``transformer_xl_lm``: Transformer-XL language model (Dai et al., ACL 2019).
+"""``transformer_xl_lm``: Transformer-XL language model (Dai et al., ACL 2019, arXiv 1901.02860).
 
-Written for this plugin from the paper and the official code
-(``kimiyoung/transformer-xl``, ``pytorch/mem_transformer.py``,
-``MemTransformerLM`` with ``attn_type=0``); see ``docs/transformer_xl.md``.
+Written for this plugin from the paper and the official code (``kimiyoung/transformer-xl``,
+``pytorch/mem_transformer.py``, ``MemTransformerLM`` with ``attn_type=0``).
 
-* Segment-level recurrence (Sec. 3.2): layer ``n`` attends over
-  ``[SG(m^{n-1}) ∘ h^{n-1}]``; the memory ``m^{n-1}`` holds the last
-  ``mem_len`` inputs of layer ``n`` (detached), updated after every
-  segment as the reference's ``_update_mems`` (``ext_len = 0``).
-* Relative positional encodings with the four terms (a)–(d), ``u``/``v``
-  shared across layers or per layer (``untie_r``), ``rel_shift``,
-  ``clamp_len`` and ``same_length``: :mod:`user_dir.modules.relative_multihead_attention`.
-* Adaptive input and projected adaptive softmax with ``cutoffs``,
-  ``div_val``, tied weights and projections: :mod:`user_dir.modules.projected_adaptive`.
-* No absolute positions: ``h^0 = E_s · sqrt(d_model)``; dropout on the
-  embeddings, on ``R`` and on the last layer's output.
-* Reference initialisation (``train.py::weights_init``, ``init='normal'``).
+Where the paper's ideas live
+----------------------------
+* **Segment-level recurrence** (Sec. 3.2): layer ``n`` attends over ``h̃^{n-1} = [SG(m^{n-1}) ∘ h^{n-1}]``
+  (queries from ``h^{n-1}``, keys and values from ``h̃^{n-1}``); the memory ``m^{n-1}`` holds the last
+  ``mem_len`` inputs of layer ``n``, detached, updated after every segment as the reference's
+  ``_update_mems`` (:meth:`TransformerXLDecoder.update_memory`, :meth:`TransformerXLDecoder.extract_features`).
+* **Relative positional encodings** with the four terms (a)–(d), ``u``/``v`` shared across layers or per
+  layer (``untie_r``), ``rel_shift``, ``clamp_len`` and ``same_length``:
+  :mod:`user_dir.modules.relative_multihead_attention`.
+* **Adaptive input and projected adaptive softmax** with ``cutoffs``, ``div_val``, tied weights and
+  projections: :mod:`user_dir.modules.projected_adaptive`.
+* **No absolute positions**: ``h^0 = E_s · sqrt(d_model)``; dropout on the embeddings, on ``R`` and on the last
+  layer's output.
+* **Reference initialisation** (``train.py::weights_init``, ``init='normal'``):
+  :meth:`TransformerXLDecoder.reset_parameters`.
+* **Truncated BPTT over contiguous streams**: the task :mod:`user_dir.tasks.bptt_lm`.
 
-Where the memory lives (the fairseq-native choice made here):
-
-* **Training and evaluation over streams** (task ``bptt_lm``): the decoder
-  keeps the memory itself between calls, one slot for training mode and one
-  for evaluation mode, so a validation run does not disturb the training
-  memory.  The task tells the model where it is in the stream through
-  ``net_input["stream_pos"]``: position 0 (the start of every epoch and of
-  every evaluation pass) starts without memory, later positions continue
-  from the stored memory (the memory notes the position it continues; a batch
-  at another position starts without memory, with a warning).  The training
-  memory is saved with every checkpoint (``bptt_lm``'s checkpoint state), so
-  a run resumed mid-epoch continues as if it had not stopped.  Without ``stream_pos`` (plain
-  ``model(src_tokens)``, tests, other tasks) a call is stateless: one segment
-  with no memory.
-* **Generation** (``fairseq-interactive``, ``fairseq-generate``, hub
-  ``sample()``): the memory is the ``incremental_state``; each step feeds
-  only the newest token, and ``reorder_incremental_state`` reorders it for
-  beam search.  The context a step sees is therefore ``mem_len`` tokens
-  (raise it with ``--model-overrides '{"mem_len": N}'``).
+Reconstruction decisions (where the memory lives in fairseq)
+------------------------------------------------------------
+1. *Memory over streams.*  With ``bptt_lm`` the decoder keeps the memory itself between calls.  The task puts
+   the batch's index in the streams in ``net_input["stream_pos"]``: position 0 (every epoch start, every
+   validation or ``fairseq-eval-lm`` pass) starts without memory; later positions continue from the stored
+   memory, which notes the position it continues (a batch at another position starts without memory, with a
+   warning).  Without ``stream_pos`` (plain ``model(src_tokens)``, other tasks, the invariance helpers) a call
+   is stateless: one segment, no memory.
+2. *Train and eval slots.*  One stream memory for training mode and one for evaluation mode, so a validation
+   in the middle of an epoch leaves the training memory as it was (training after it continues exactly as
+   without it).  Saving the training memory with checkpoints: decision 4 of :mod:`user_dir.tasks.bptt_lm`.
+3. *Generation* (``fairseq-interactive``, ``fairseq-generate``, hub ``sample()``/``score()``): the memory is the
+   ``incremental_state``; each step feeds only the newest token and ``reorder_incremental_state`` reorders
+   it for beam search.  The context a step sees is therefore ``mem_len`` tokens (raise it with
+   ``--model-overrides '{"mem_len": N}'``).
+4. *No trimming between streams*: ``ext_len`` is 0 (the reference default), so the reference's
+   swapped-argument bug in ``_update_mems`` does not arise.
+5. *Evaluation caches.*  In evaluation without autograd, the key/value projections of the memory and each
+   layer's ``W_kR R`` are computed once and reused by the next segment of the same pass (same numbers).  They
+   live next to the memory (evaluation slot or ``incremental_state``), never in a module, and are dropped at
+   ``stream_pos`` 0, by any forward that does not cache (training mode, autograd on), by ``train()`` (which
+   fairseq's trainer calls before every update) and by ``load_state_dict``: no cache survives a parameter
+   update, whoever wrote the parameters (fairseq's optimizers write ``p.data``, which leaves
+   ``weight._version`` unchanged).
+6. *Activation checkpointing* (``--checkpoint-activations``): every layer in fairseq's ``checkpoint_wrapper``;
+   dropout masks are replayed from the saved RNG state, so loss and gradients equal those without.
+7. *Output of* ``forward``: ``net_output[0]`` are the final hidden states; :meth:`get_normalized_probs`
+   applies the adaptive softmax and ``get_target_nll`` gives the targets' NLL alone (the loss of
+   ``--criterion projected_adaptive_loss``).  As with fairseq's own adaptive-softmax models, ``--temperature``
+   in generation scales these hidden states, not logits.
+8. *Presets* apply to options not given on the command line (``--arch transformer_xl_lm_wt103_base --mem-len
+   300`` keeps 300).  fairseq does not apply arch presets to hydra configs of dataclass models, so the YAMLs
+   name the model ``transformer_xl_lm`` and spell out every value.
 """
 import logging
 import os

@@ -12,13 +12,28 @@ clusters ``[c_{i-1}, c_i)``.  Cluster ``i`` has dimension
 ``d_embed // div_val**i`` and is projected to ``d_proj`` (= d_model) by
 ``projs[i]`` of shape ``(d_proj, d_i)``; with ``div_val == 1`` there is one
 embedding table and one (optional, only when ``d_embed != d_proj``)
-projection.  Embeddings are multiplied by ``sqrt(d_proj)``.
+projection.  Embeddings are multiplied by ``sqrt(d_proj)``.  The softmax
+head scores the shortlist plus one logit per tail cluster.
 
-The softmax head scores the shortlist plus one logit per tail cluster; as
-in the official code, the probability of tail cluster ``i`` (1-based) is
-read from head column ``-i`` (the cluster rows are in reverse order).
-HuggingFace's port reads column ``c0 + i - 1``; :func:`hf_cluster_rows`
-converts between the two layouts.
+Reconstruction decisions
+------------------------
+1. *Tail-cluster order*: as the official code, the probability of tail cluster ``i`` (1-based) is read from
+   head column ``-i`` (the cluster rows are in reverse order).  HuggingFace's port (4.35.2) reads column
+   ``c0 + i - 1``; :func:`hf_cluster_rows` flips the rows when importing its weights.
+2. *Adaptive input with* ``div_val > 1``: every band looks up every token (indices clamped into the band,
+   other bands' rows zeroed), the bands' small vectors side by side are projected by one matmul with the
+   bands' projections side by side.  The reference's sums, without its per-band ``nonzero()`` (a host sync)
+   and without an (N, d_proj) tensor per band.
+3. *Output bands with* ``div_val == 1`` are one ``split`` of the single output layer, shared by all bands of a
+   call: its backward writes the (V, d) gradient once, where a slice per band would zero-fill a (V, d)
+   gradient per band.  Same values and gradients.
+4. *Float32 log-softmax* whatever the model's dtype (as fairseq's ``utils.log_softmax``): ``log_prob`` and
+   ``nll`` return float32.
+5. *Target-only training loss* (:meth:`ProjectedAdaptiveLogSoftmax.nll`, used by ``--criterion
+   projected_adaptive_loss``): the head band for every position, each tail cluster only for the positions
+   whose target falls in it, as the reference's training loss; no (N, V) tensor.  Selecting a cluster's
+   positions reads their count back to the host (a data-dependent shape), in the criterion, not in the
+   model's forward.
 """
 from typing import List, Optional
 
@@ -140,9 +155,8 @@ class ProjectedAdaptiveLogSoftmax(nn.Module):
     def _bands(self):
         """Weight, bias and projection of every band; band 0 includes the cluster logits.
 
-        With one output layer (``div_val == 1``) the bands are one ``split`` of it: one backward node
-        writes the whole gradient (a slice per band would zero-fill a (V, d) gradient per band, the
-        largest cost of a small training step at V = 267k)."""
+        With one output layer (``div_val == 1``) the bands are one ``split`` of it (decision 3 of the
+        module docstring)."""
         if self.div_val == 1:
             weight, bias = self.out_layers[0].weight, self.out_layers[0].bias
             if self.n_clusters == 0:

@@ -18,6 +18,26 @@ goes through dropout, the residual connection and LayerNorm (post-norm,
 the reference default) or the LayerNorm is applied to the inputs
 (``pre_norm``).
 
+Reconstruction decisions
+------------------------
+1. *Queries only for the segment.*  The fused ``qkv_net`` weight keeps the reference layout, but its query
+   part is applied to the segment only (the reference also projects the memory rows and discards them).  The
+   memory rows' keys/values are projected apart from the segment's: the memory is detached, so their
+   backward is the weight gradient only (the reference back-propagates into the concatenated input, memory
+   rows included, for nothing).  Same results.
+2. *rel_shift without copies.*  :func:`rel_shift` keeps the reference form (pad, reinterpret, slice); the
+   attention uses :func:`shifted_position_scores`, which gets the zero column from the matmul itself (``W_kR R``
+   with a zero row in front) and reads the shifted scores as a slice of that buffer.  In training the scale
+   and the mask are applied in one pass; in evaluation the scale goes on the queries and the mask is written
+   only into the columns that can hold hidden keys (:func:`hidden_key_columns`).  Same values and gradients.
+3. *same_length only with memory*: with ``mem_len == 0`` the reference's ``same_length`` window would hide
+   every key, so :func:`attention_mask` applies it only when ``mem_len > 0``.
+4. *Mixed precision.*  The frequencies and angles of ``R`` are computed in float32 (not a buffer that
+   ``model.half()`` would cast: in bfloat16 the angle of a distance of 700 is off by up to 1.2) and ``R``
+   is cast to the model's dtype once; ``R`` has no parameters, so evaluation keeps it per (length, clamp,
+   dtype, device).  The attention softmax of a half-precision model runs in float32; ``u``, ``v`` and
+   ``W_kR R`` follow the queries' dtype and the mask the scores' dtype, so ``torch.autocast`` works.
+
 Tensors are batch-first here: hidden states ``(B, T, C)``, memory
 ``(B, M, C)``, scores ``(B, H, T, M+T)``.
 """
@@ -36,11 +56,9 @@ class RelativeSinusoid(nn.Module):
 
     Like the reference: the frequencies are ``1/10000^(2k/d)`` and the
     encoding is the concatenation ``[sin | cos]`` (not interleaved).
-    Distances larger than ``clamp_len`` (when > 0) are clamped.  The
-    frequencies and angles are always float32 (not a buffer that
-    ``model.half()`` would cast: in bfloat16 a distance of 700 is off by up
-    to 1.2), ``R`` is cast to ``dtype`` at the end.  ``R`` has no parameters,
-    so in evaluation it is kept per (length, clamp, dtype, device).
+    Distances larger than ``clamp_len`` (when > 0) are clamped.  Computed in
+    float32 and cast to ``dtype`` at the end, kept per (length, clamp, dtype,
+    device) in evaluation (decision 4 of the module docstring).
     """
 
     def __init__(self, dim):

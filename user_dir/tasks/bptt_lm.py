@@ -1,32 +1,37 @@
 """Task ``bptt_lm``: truncated back-propagation through time over contiguous streams.
 
-The training recipe of Transformer-XL (official ``data_utils.py``,
-``LMOrderedIterator``), written as a fairseq task:
+The training recipe of Transformer-XL (official ``data_utils.py``, ``LMOrderedIterator``), written as a
+fairseq task: the split is one token stream cut into ``S`` contiguous streams; batch ``i`` holds positions
+``[i·T, (i+1)·T)`` of each of a worker's streams (``T = --tokens-per-sample``), so consecutive batches
+continue every stream and nothing is shuffled.  A model with memory (``transformer_xl_lm``; also the
+recurrent ``onlstm_lm`` / ``fasttrees_lstm_lm``) carries its state from one batch to the next
+(:class:`StreamMemoryModel`; what the model does with it: :mod:`user_dir.models.transformer_xl_lm`).
 
-* The split is one token stream: every line of the binarized corpus, each
-  ending in ``</s>``, concatenated; an ``</s>`` in front provides the
-  context of the first token.  Every token of the corpus is a target exactly
-  once.
-* The targets are cut into ``S = batch_size × data-parallel world size``
-  contiguous streams of (almost) equal length (their lengths differ by at
-  most one token: nothing is trimmed).  Worker ``r`` owns streams
-  ``[r·batch_size, (r+1)·batch_size)``; every worker gets the same number
-  of batches.
-* Batch ``i`` holds positions ``[i·T, (i+1)·T)`` of each of the worker's
-  streams (``T = --tokens-per-sample``); consecutive batches continue every
-  stream; nothing is shuffled.  A stream that has run out is padded (pad
-  targets are ignored by the criteria).
-* Each batch carries ``net_input["stream_pos"] = i``: a model with memory
-  (``transformer_xl_lm``) starts without memory at 0 -- the start of every
-  epoch and of every evaluation pass -- and continues from its memory
-  afterwards.  ``begin_epoch`` also resets it, ``begin_valid_epoch`` resets the evaluation
-  memory only (the model keeps separate training and evaluation memories, so a validation
-  in the middle of an epoch does not disturb training).  The training memory is
-  saved with each checkpoint and restored when training resumes mid-epoch
-  (:meth:`BPTTLanguageModelingTask.get_checkpoint_dict`).  A model
-  without memory (no ``reset_memory``: ``fasttrees_transformer_lm``, fairseq's
-  ``transformer_lm``) gets batches without the key, and reads each segment on
-  its own.
+Reconstruction decisions
+------------------------
+1. *Stream split, nothing trimmed.*  The split's lines, each ending in ``</s>``, are concatenated with one
+   ``</s>`` in front as the first context, so every token of the corpus is a target exactly once.  The
+   targets are cut into ``S = batch_size × data-parallel world size`` streams whose lengths differ by at most
+   one token; worker ``r`` owns streams ``[r·batch_size, (r+1)·batch_size)``; a stream that has run out is
+   padded at the end (pad targets are ignored by the criteria); every worker gets the same number of
+   batches.  (The official iterator trims the remainder; fairseq's ``truncated_bptt_lm`` never predicts the
+   first token of each block.)
+2. *Stream read in place.*  A split binarized by ``fairseq-preprocess`` is read where it lies, from the
+   memory-mapped ``.bin`` (:class:`TokenStream`), each batch's slices turned into LongTensors as they are
+   read, instead of every line concatenated into one LongTensor (8 bytes a token, in every worker).  Shards
+   combined from ``train1``... or other ``--dataset-impl`` values are concatenated in memory
+   (:func:`token_stream`).
+3. *Stream position.*  Each batch carries ``net_input["stream_pos"] = i`` when the model has a memory
+   (``reset_memory``); a model without one (``fasttrees_transformer_lm``, fairseq's ``transformer_lm``) gets
+   batches without the key and reads each segment on its own.
+4. *Memory resets and resuming.*  ``begin_epoch`` resets the model's memories, ``begin_valid_epoch`` only the
+   evaluation memory (validation may come mid-epoch).  The training memory is saved with each checkpoint and
+   restored when training resumes mid-epoch (:meth:`BPTTLanguageModelingTask.get_checkpoint_dict`).
+5. *Generation.*  Each prompt is continued from ``</s>`` with the prompt forced as a prefix, so it enters the
+   memory token by token; ``--max-len-b`` counts the tokens generated after the prompt (``--max-len-a`` is
+   raised to 1 during generation).  ``fairseq-generate`` over a binarized split uses each stream block as a
+   prompt; blocks contain ``</s>``, which fairseq's beam prefix handling rejects, so use ``--beam 1`` there.
+6. *No* ``--context-window``: the model's memory provides the context (an error says so).
 
 ``fairseq-eval-lm --task bptt_lm --tokens-per-sample 64 --batch-size 1
 --model-overrides '{"mem_len":640,"clamp_len":400,"same_length":True}'``
