@@ -13,13 +13,11 @@ No public code exists; the design follows the paper's prose (Sec. 4, Fig. 1):
   Transformer decoder"), attending to the refined token representations of the
   whole session prefix; incremental decoding and beam search come with it.
 
-Choices where the prose is silent (also in ``docs/mtn.md``): the session is fed
-as one source row with queries joined by ``</q>`` (:mod:`user_dir.modules.query_sessions`);
-each query keeps its terminator token, so the projection pads to
-``max_query_length`` + 1 slots; positions within a query and over query indices
-are sinusoidal; the skip connection is a plain addition; level k > 2 projects the
-tokens refined by level k − 1.  Hyper-parameters of the paper's runs are not in
-the available text, so the presets below are sized for this plugin, not copied.
+The encoder's reconstruction decisions (source row, terminators, query length limit, the session layers'
+deviation, levels, skip connection, positions) are stated in
+:mod:`user_dir.modules.mtn_session_encoder`.  One more, here: the hyper-parameters of the paper's runs are
+not in the available text, so the presets below (``mtn``, ``mtn_base``, ``mtn_3level``, ``mtn_tiny``) are
+sized for this plugin, not copied.
 
 Hub: ``MTNModel.from_pretrained(checkpoint_dir, checkpoint_file=..., data_name_or_path=...)`` gives
 fairseq's generator interface, whose ``encode``/``sample``/``generate`` also take a session in the

@@ -1,46 +1,51 @@
 """The MTN encoder (Garg, Dhillon, Yu 2019, arXiv 1908.10408, Sec. 4 and Fig. 1).
 
-A session arrives as one fairseq source row ``q_1 </q> q_2 </q> … q_m <eos>``
-(see :mod:`user_dir.modules.query_sessions`).  The encoder
+Where the paper's ideas live
+----------------------------
+A session arrives as one fairseq source row ``q_1 </q> q_2 </q> … q_m <eos>`` (decision 1); the encoder
 
-1. splits the row into queries (:func:`split_queries`); every query keeps its
-   terminator (``</q>``, and EOS mapped to ``</q>`` for the last query, so all
-   queries look alike whatever their place in the session);
-2. **query level** (Sec. 4, "the query level employs a standard Transformer
-   encoder"): fairseq ``TransformerEncoderLayer`` s over each query's tokens,
-   shared across queries, with sinusoidal positions *within* the query;
-3. **query projection** (Sec. 4, "a linear transformation … Query Projection
-   layer … zero padding to the queries before this projection"): each query's
-   token representations are zero-padded to P = ``max_query_length`` + 1 slots
-   (words + terminator), flattened (P·d) and mapped linearly to one d-vector;
-4. **positional embeddings over the query index** are added (sinusoidal;
-   "to inform the ordering among the queries");
-5. **masked session encoder** (Sec. 4, Fig. 1): fairseq
-   ``TransformerEncoderLayer`` s (attention, FFN, residuals, layer norms) over
-   the query vectors with a causal mask, so query j attends to queries ≤ j only
-   ("prevents information leakage from subsequent queries");
-   **deviation**: the paper says each layer of this encoder "is similar to the
-   middle sublayer in a Transformer decoder layer", i.e. the encoder-decoder
-   (cross-)attention sublayer; here each layer is causal *self*-attention + FFN
-   (a decoder layer without its cross-attention).  The session level has one
-   sequence (the query vectors), so the cross-attention reading would need a
-   second one (e.g. keys/values from the projected query vectors, queries from
-   the layer below); the paper does not say which, and that variant is not built
-   (docs/mtn.md, "Choices where the paper is silent");
-6. **skip connection**: each token representation gets its query's session
-   representation added ("we refine the individual token representations … by
-   adding the representation of q … via a skip connection").
+1. splits the row into queries (:func:`split_queries`, :func:`session_layout`);
+2. **query level** (Sec. 4, "the query level employs a standard Transformer encoder"): fairseq
+   ``TransformerEncoderLayer`` s over each query's tokens, shared across queries, with positions *within*
+   the query;
+3. **query projection** (Sec. 4, "a linear transformation … Query Projection layer … zero padding to the
+   queries before this projection"): each query's token representations are zero-padded to P slots,
+   flattened (P·d) and mapped linearly to one d-vector;
+4. **positional embeddings over the query index** are added ("to inform the ordering among the queries");
+5. **masked session encoder** (Sec. 4, Fig. 1) over the query vectors with a causal mask, so query j attends
+   to queries ≤ j only ("prevents information leakage from subsequent queries");
+6. **skip connection**: each token representation gets its query's session representation added ("we
+   refine the individual token representations … by adding the representation of q … via a skip
+   connection").
 
-Steps 3–6 form one *level*.  A K-level MTN ("stacks K − 1 masked encoders over
-a standard Transformer encoder") runs K − 1 levels in sequence, each with its
-own projection and masked encoder, and each projecting the token
-representations refined by the level below [RECON: the paper's prose does not
-say what the third level reads; this reading makes every level re-summarise
-the refined tokens].
+Steps 3–6 form one *level* (:class:`SessionLevel`); a K-level MTN ("stacks K − 1 masked encoders over a
+standard Transformer encoder", ``--levels K``) runs K − 1 levels in sequence, each with its own projection and
+masked encoder.  The encoder output is the refined token representations back in the source row's layout
+(pads zero and masked), the standard fairseq encoder-output dict, so fairseq's ``TransformerDecoder``
+attends to it unchanged.
 
-The encoder output is the refined token representations back in the source
-row's layout (pads zero and masked), i.e. the standard fairseq encoder-output
-dict, so fairseq's ``TransformerDecoder`` attends to it unchanged.
+Reconstruction decisions (where the paper is silent)
+----------------------------------------------------
+1. *Source representation*: a session prefix is one source row, its queries joined by ``</q>`` (HRED's
+   end-of-query symbol, :mod:`user_dir.modules.query_sessions`) and split inside the encoder, so
+   ``fairseq-preprocess``, batching and ``fairseq-generate`` work unchanged.  The separator is fixed and must
+   be in the source dictionary (checked when the model is built).
+2. *Terminators*: every query keeps its terminator token, and the EOS that ends the last query is embedded as
+   ``</q>``, so all queries look alike whatever their place in the session.
+3. *Query length limit* = the projection's padding length: P = ``--max-query-length`` words (a task flag; the
+   model takes it from the task) + 1 terminator slot.  A longer query is an error
+   (:class:`SessionInputError` naming the flag), never truncated.
+4. *Session layers (a deviation)*: the paper says each layer of the masked session encoder "is similar to the
+   middle sublayer in a Transformer decoder layer", i.e. the encoder-decoder (cross-)attention sublayer.
+   Here each layer is a fairseq ``TransformerEncoderLayer`` with a causal mask: masked *self*-attention over
+   the query vectors, then an FFN, with residuals and layer norms (a decoder layer without its
+   cross-attention).  The session level has a single input sequence, and the paper does not say what a
+   cross-attention would attend from and to (one reading: queries from the layer below, keys/values from the
+   projected query vectors, with the causal mask); that variant is not built.
+5. *Levels k > 2* project the token representations refined by level k − 1 (the prose does not say what the
+   third level reads; this reading makes every level re-summarise the refined tokens).
+6. *Skip connection*: a plain sum, no extra layer norm.
+7. *Positions*: sinusoidal, within a query and over the query index.
 """
 import math
 
