@@ -21,7 +21,7 @@ def _fastnlp():
         from fastNLP.modules.torch.encoder.star_transformer import StarTransformer as FastNLPStar
     except Exception as e:  # pragma: no cover - depends on the environment
         pytest.skip(f"fastNLP 1.0.1 is not importable ({type(e).__name__}: {e}); "
-                    "install it as in REFERENCE.md §1.2 to run the parity test")
+                    "install the test extras (pip install -r requirements-test.txt) to run the parity test")
     return FastNLPStar
 
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """The FastTrees scan of an earlier commit against the current one, forward + backward, in one process.
 
-    OMP_NUM_THREADS=1 python benchmarks/fasttrees/scan_versions.py --old 6069cbb [--repeats 15]
+    OMP_NUM_THREADS=1 python benchmarks/fasttrees/scan_versions.py --old REVISION [--repeats 15]
 
 ``--old`` names a commit whose ``user_dir/modules/fasttrees_layer.py`` is loaded (via ``git show``) beside
 the working tree's; both ``linear_scan`` functions and the sequential loop are timed in alternation on the

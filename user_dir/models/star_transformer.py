@@ -267,7 +267,8 @@ def sentence_vector(encoder_out, pooling="sum"):
 
 
 class StarClassificationHead(nn.Module):
-    """MLP classifier on the sentence vector (fastNLP ``_Cls``: Linear -> act -> dropout -> Linear)."""
+    """MLP classifier on the sentence vector: dropout -> Linear -> act -> dropout -> Linear (fastNLP's ``_Cls``
+    with a dropout on its input as well)."""
 
     def __init__(self, input_dim, inner_dim, num_classes, activation_fn, pooler_dropout):
         super().__init__()
