@@ -35,7 +35,7 @@ masked_sum() {
   "$BIN/fairseq-train" "${data[@]}" --arch star_transformer --encoder-type "$MODEL" --encoder-embed-dim 100 \
       --encoder-layers 2 --encoder-attention-heads 4 --max-positions "$N" --dropout 0.1 --optimizer adam \
       --lr 1e-3 --max-epoch "$MAX_EPOCH" --patience "$PATIENCE" --max-update "$MAX_UPDATE" --no-epoch-checkpoints \
-      --log-interval 50 --save-dir "$WORK/ck" > "$WORK/train_masked_sum.log" 2>&1
+      --log-interval 50 --save-dir "$WORK/ck" >> "$WORK/train_masked_sum.log" 2>&1  # appended: a resumed run keeps the log of its earlier epochs
   "$BIN/fairseq-validate" "${data[@]}" --path "$WORK/ck/checkpoint_best.pt" --valid-subset test \
       > "$WORK/test_masked_sum.log" 2>&1
 }

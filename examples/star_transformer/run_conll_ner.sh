@@ -35,7 +35,7 @@ COMMON=(--task sequence_tagging --criterion sequence_tagging --max-positions 256
 for enc in $MODELS; do
   start=$(date +%s)
   "$BIN/fairseq-train" "$WORK/data" "${COMMON[@]}" --encoder-type "$enc" --save-dir "$WORK/ck_$enc" \
-      ${VALIDATE_INTERVAL_UPDATES:+--validate-interval-updates $VALIDATE_INTERVAL_UPDATES} > "$WORK/train_$enc.log" 2>&1
+      ${VALIDATE_INTERVAL_UPDATES:+--validate-interval-updates $VALIDATE_INTERVAL_UPDATES} >> "$WORK/train_$enc.log" 2>&1
   end=$(date +%s)
   "$BIN/fairseq-validate" "$WORK/data" --task sequence_tagging --criterion sequence_tagging --path "$WORK/ck_$enc/checkpoint_best.pt" \
       --valid-subset test --batch-size 64 --user-dir "$ROOT/user_dir" > "$WORK/test_$enc.log" 2>&1

@@ -30,7 +30,7 @@ train_eval() {  # model, lr, extra args...
   name=${model}_lr${lr}_u$MAX_UPDATE${TAG:+_$TAG}
   start=$(date +%s)
   "$BIN/fairseq-train" "$WORK/bin" "${COMMON[@]}" --lr "$lr" --save-dir "$WORK/ck_$name" "$@" \
-      > "$WORK/train_$name.log" 2>&1
+      >> "$WORK/train_$name.log" 2>&1  # appended: a run resumed from its checkpoint keeps its earlier epochs
   end=$(date +%s)
   "$BIN/fairseq-validate" "$WORK/bin" --task sentence_prediction --criterion sentence_prediction \
       --num-classes "$CLASSES" --path "$WORK/ck_$name/checkpoint_best.pt" --valid-subset test --batch-size 64 \
