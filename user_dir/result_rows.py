@@ -29,6 +29,15 @@ def upsert(path, new_rows, key):
         os.replace(path + ".tmp", path)
 
 
+def read_rows(path, parser, script):
+    """The rows of the JSON list at ``path`` (a summary's ``--results``); a clear ``parser`` error naming the
+    experiment ``script`` to run when the file is not there."""
+    if not os.path.exists(path):
+        parser.error(f"--results {path}: no such file (run {script} first)")
+    with open(path) as f:
+        return json.load(f)
+
+
 def parse_train_log(path, metric):
     """(updates, epochs, the validation ``metric`` after each epoch in order, stopped by ``--patience``) of a
     ``fairseq-train`` log written with ``--log-format simple``."""

@@ -11,11 +11,10 @@ the rows ``star_sst5``, ``star_conll03`` and ``star_masked_sum`` (the longest n 
 the paper-claims file.
 """
 import argparse
-import json
 import os
 import sys
 
-from user_dir.result_rows import mean_se, paired, upsert
+from user_dir.result_rows import mean_se, paired, read_rows, upsert
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 METRIC = {"sst5": "accuracy", "conll03": "span_f1", "masked_sum": "mse"}
@@ -103,10 +102,7 @@ def main(argv=None):
     p.add_argument("--results", default=os.path.join(HERE, "results", "converged.json"))
     p.add_argument("--claims", help="write the star_sst5 / star_conll03 / star_masked_sum rows into this JSON list")
     args = p.parse_args(argv)
-    if not os.path.exists(args.results):
-        p.error(f"--results {args.results}: no such file (run benchmarks/star_transformer/converged.sh first)")
-    with open(args.results) as f:
-        rows = json.load(f)
+    rows = read_rows(args.results, p, "benchmarks/star_transformer/converged.sh")
     print(markdown(rows))
     if args.claims:
         upsert(args.claims, claim_rows(rows), key=lambda r: r["id"])

@@ -11,11 +11,10 @@ apart and never enter the table.  ``--claims`` writes the rows ``capsule_multi30
 Multi30k recipe's) and ``fasttrees_multi30k`` into the paper-claims file.
 """
 import argparse
-import json
 import os
 import sys
 
-from user_dir.result_rows import mean_se, paired, upsert
+from user_dir.result_rows import mean_se, paired, read_rows, upsert
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 CONFIGS = [("transformer", None), ("capsule_transformer", "enc_self"), ("capsule_transformer", "default"),
@@ -105,10 +104,7 @@ def main(argv=None):
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     p.add_argument("--claims", help="write the capsule_multi30k / fasttrees_multi30k rows into this JSON list")
     args = p.parse_args(argv)
-    if not os.path.exists(args.results):
-        p.error(f"--results {args.results}: no such file (run examples/translation/multi30k_converged.sh first)")
-    with open(args.results) as f:
-        rows = json.load(f)
+    rows = read_rows(args.results, p, "examples/translation/multi30k_converged.sh")
     print(markdown(summarize(rows, args.device)))
     if args.claims:
         upsert(args.claims, claim_rows(rows, args.device), key=lambda r: r["id"])
