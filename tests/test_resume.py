@@ -165,3 +165,29 @@ def test_resume_bptt_lm_scores_every_token_once(toy_lm_bin):
     assert seen == list(range(len(dataset)))
     targets = sum(int(dataset[i]["target"].ne(task.dictionary.pad()).sum()) for i in seen)
     assert targets == dataset.tokens.numel() - 1  # every token of the split a target exactly once
+
+
+def test_patience_counts_on_across_a_restart(toy_translation_bin, tmp_path):
+    """``--patience`` counts the validations before an interruption too: a run stopped after epoch 2 and
+    started again stops by patience at the same epoch as an uninterrupted run (fairseq alone starts counting
+    again, and stops ``2`` epochs later).  Valid loss is the metric maximised, so it does not improve after
+    epoch 1 while training lowers it."""
+    _, flags = CASES["capsule_transformer"]
+    flags = [*flags, "--patience", 3, "--maximize-best-checkpoint-metric", "--log-format", "json",
+             "--no-progress-bar", "--cpu", "--num-workers", 0, "--seed", 1, "--no-epoch-checkpoints",
+             "--optimizer", "adam", "--lr", "3e-4", "--user-dir", cli.USER_DIR]
+
+    def run(save_dir, max_epoch):
+        proc = cli.run([cli.tool("fairseq-train"), toy_translation_bin, *flags, "--max-epoch", max_epoch,
+                        "--save-dir", save_dir])
+        log = proc.stdout + proc.stderr
+        return log, [int(json.loads(entry)["epoch"]) for entry in re.findall(r"\| valid \| (\{.*\})", log)]
+
+    whole, whole_epochs = run(tmp_path / "a", 12)
+    assert "early stop since valid performance hasn't improved for last 3 runs" in whole, whole[-3000:]
+    assert whole_epochs[-1] < 12
+    _, first_epochs = run(tmp_path / "b", 2)
+    assert first_epochs == [1, 2]
+    resumed, resumed_epochs = run(tmp_path / "b", 12)
+    assert "early stop since valid performance hasn't improved for last 3 runs" in resumed, resumed[-3000:]
+    assert first_epochs + resumed_epochs == whole_epochs

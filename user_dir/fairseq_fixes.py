@@ -24,6 +24,13 @@
   after the bytes of the failed attempt, so a retry that succeeds writes an unreadable file; each attempt
   now starts again at the beginning of the file.  A write that fails for good removes its ``.tmp`` file and
   raises :class:`CheckpointWriteError` naming the file; the checkpoints written before are unchanged.
+* ``--patience`` forgets its count when training resumes.  ``fairseq_cli.train.should_stop_early`` keeps the
+  best validation score and the number of validations since it on itself, and no checkpoint saves them: a run
+  restarted from ``checkpoint_last.pt`` takes its first validation as the best and counts from zero, so an
+  interrupted run trains up to ``--patience`` epochs longer than an uninterrupted one (and, restarted often
+  enough, never stops).  Each checkpoint now also holds the count (``extra_state["patience"]``), and it comes
+  back whenever fairseq restores the best score with the checkpoint (not after ``--reset-meters``,
+  ``--reset-optimizer`` or ``--finetune-from-model``).  Checkpoints written before keep fairseq's behaviour.
 * ``np.compat.long`` (removed in numpy 2) is used by ``TokenBlockDataset``
   with ``--sample-break-mode eos`` and by ``LanguagePairDataset``; a tiny
   ``numpy.compat`` stand-in with ``long = int64`` is provided when missing.
@@ -33,6 +40,7 @@ import functools
 import logging
 import os
 import shutil
+import sys
 import time
 
 import torch
@@ -164,6 +172,57 @@ def _clean_failed_save(persistent_save):
     return patched
 
 
+def _patience_counter():
+    """fairseq-train's early-stopping function (None outside fairseq-train and fairseq-hydra-train)."""
+    train = sys.modules.get("fairseq_cli.train")
+    return getattr(train, "should_stop_early", None)
+
+
+class _TrainerSavingPatience:
+    """The trainer as ``save_checkpoint`` sees it: its checkpoints also hold ``--patience``'s count."""
+
+    def __init__(self, trainer):
+        self._trainer = trainer
+
+    def __getattr__(self, name):
+        return getattr(self._trainer, name)
+
+    def save_checkpoint(self, filename, extra_state):
+        counter = _patience_counter()
+        if counter is not None and hasattr(counter, "best"):
+            extra_state = {**extra_state, "patience": {"best": counter.best, "num_runs": counter.num_runs}}
+        return self._trainer.save_checkpoint(filename, extra_state)
+
+
+def _save_with_patience(save_checkpoint):
+    @functools.wraps(save_checkpoint)
+    def patched(cfg, trainer, epoch_itr, val_loss):
+        return save_checkpoint(cfg, _TrainerSavingPatience(trainer), epoch_itr, val_loss)
+
+    patched._fairseq_struct_fixed = True
+    return patched
+
+
+def _load_with_patience(load_checkpoint):
+    @functools.wraps(load_checkpoint)
+    def patched(cfg, trainer, **passthrough_args):
+        extra_state, epoch_itr = load_checkpoint(cfg, trainer, **passthrough_args)
+        state = (extra_state or {}).get("patience")
+        counter = _patience_counter()
+        # fairseq restores the best score (``save_checkpoint.best = extra_state["best"]``) only when the run
+        # continues this checkpoint's training (no reset flags, no fine-tuning): the count comes back with it
+        restored = extra_state is not None and "best" in extra_state and \
+            checkpoint_utils.save_checkpoint.__dict__.get("best") is extra_state["best"]
+        if state is not None and counter is not None and restored:
+            counter.best, counter.num_runs = state["best"], state["num_runs"]
+            logger.info(f"--patience: {state['num_runs']} validation(s) since the best ({state['best']}), "
+                        f"restored from the checkpoint")
+        return extra_state, epoch_itr
+
+    patched._fairseq_struct_fixed = True
+    return patched
+
+
 def _numpy_compat():
     import types
 
@@ -186,5 +245,9 @@ def install():
     if not getattr(checkpoint_utils.PathManager, "_fairseq_struct_fixed", False):
         checkpoint_utils.PathManager = AtomicCopyPathManager
     checkpoint_utils._torch_persistent_save = _save_from_start
+    if not getattr(checkpoint_utils.save_checkpoint, "_fairseq_struct_fixed", False):
+        checkpoint_utils.save_checkpoint = _save_with_patience(checkpoint_utils.save_checkpoint)
+    if not getattr(checkpoint_utils.load_checkpoint, "_fairseq_struct_fixed", False):
+        checkpoint_utils.load_checkpoint = _load_with_patience(checkpoint_utils.load_checkpoint)
     if not getattr(checkpoint_utils.torch_persistent_save, "_fairseq_struct_fixed", False):
         checkpoint_utils.torch_persistent_save = _clean_failed_save(checkpoint_utils.torch_persistent_save)
