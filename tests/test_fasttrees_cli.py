@@ -147,3 +147,22 @@ def test_mlu_sequence_accuracy_counts_whole_answers(tmp_path):
                    "H-1\t-0.2\t2 2\nT-2\t- 1\nH-2\t-0.3\t- 1\n")
     accuracy, n = load_script("benchmarks/fasttrees/mlu_rows.py").sequence_accuracy(out)
     assert (round(accuracy, 2), n) == (66.67, 3)
+
+
+def test_mlu_summary_pairs_seeds_and_writes_the_claim(tmp_path):
+    """summarize_mlu.py: the paired gain over the seeds both models have, the claim at the largest such budget."""
+    rows = [{"arch": arch, "seed": seed, "updates": updates, "sequence_accuracy": acc, "test_examples": 10}
+            for arch, seed, updates, acc in [("fasttrees_transformer", 1, 100, 50.0), ("transformer", 1, 100, 40.0),
+                                             ("fasttrees_transformer", 1, 200, 70.0), ("transformer", 1, 200, 64.0),
+                                             ("fasttrees_transformer", 2, 200, 72.0), ("transformer", 2, 200, 70.0),
+                                             ("fasttrees_transformer", 1, 300, 75.0)]]
+    summary = load_script("benchmarks/fasttrees/summarize_mlu.py")
+    table = summary.markdown(rows)
+    assert "+4.00 ± 2.00 (ahead in 2 of 2 seeds, p = 0.50)" in table
+    assert "+10.00 (seed 1 only)" in table
+    (results := tmp_path / "mlu.json").write_text(json.dumps(rows))
+    claims = tmp_path / "claims.json"
+    summary.main(["--results", str(results), "--claims", str(claims)])
+    (claim,) = json.load(open(claims))
+    assert (claim["id"], claim["updates"], claim["seeds"]) == ("fasttrees_mlu", 200, [1, 2])
+    assert (claim["ours"], claim["baseline"]) == ([70.0, 72.0], [64.0, 70.0])

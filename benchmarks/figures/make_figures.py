@@ -12,6 +12,7 @@ import csv
 import json
 import math
 import os
+import statistics
 import sys
 import textwrap
 
@@ -19,6 +20,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 CAPSULE_SPEED = os.path.join(ROOT, "benchmarks", "capsule_transformer", "results")  # speed.py --out files
 FASTTREES_RESULTS = os.path.join(ROOT, "benchmarks", "fasttrees", "results")  # rows of logic_lstm.sh / ptb_lstm.sh
+STAR_RESULTS = os.path.join(ROOT, "benchmarks", "star_transformer", "results")  # rows of converged.sh
 
 
 def read_csv(path):
@@ -228,6 +230,25 @@ def fasttrees_lstm_logic(results, plt):
     return fig
 
 
+def star_masked_sum(results, plt):
+    """Test MSE of the masked-summation task by sequence length n (``converged.sh masked_sum`` rows): each seed
+    a dot, the mean a line; runs capped by ``--max-epoch`` drawn hollow."""
+    with open(os.path.join(STAR_RESULTS, "converged.json"), encoding="utf-8") as f:
+        rows = [r for r in json.load(f) if r["task"] == "masked_sum"]
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for model, (label, color) in {"star": ("Star-Transformer", "C0"), "transformer": ("Transformer", "C1")}.items():
+        runs = [r for r in rows if r["model"] == model]
+        ns = sorted({r["n"] for r in runs})
+        means = [statistics.mean(r["test"] for r in runs if r["n"] == n) for n in ns]
+        ax.plot(ns, means, "-", color=color, label=f"{label} (mean over seeds)")
+        for r in runs:
+            ax.plot(r["n"], r["test"], "o", color=color, mfc=color if r["converged"] else "none")
+    ax.set_xscale("log")
+    ax.set(xlabel="sequence length n", ylabel="test MSE", title="Masked summation (k = 10), d 100, 2 layers")
+    grid_and_legend(ax)
+    return fig
+
+
 def mtn_metrics(results, plt):
     rows = read_csv(os.path.join(results, "mtn_metrics.csv"))
     runs = list(dict.fromkeys(r["run"] for r in rows))
@@ -247,7 +268,8 @@ def mtn_metrics(results, plt):
 
 FIGURES = {"star_scaling": star_scaling, "txl_eval_speedup": txl_eval_speedup, "txl_ptb": txl_ptb,
            "capsule_bleu_seeds": capsule_bleu_seeds, "capsule_routing": capsule_routing, "capsule_speed": capsule_speed,
-           "fasttrees_logic": fasttrees_logic, "fasttrees_tree": fasttrees_tree, "mtn_metrics": mtn_metrics}
+           "fasttrees_logic": fasttrees_logic, "fasttrees_tree": fasttrees_tree, "mtn_metrics": mtn_metrics,
+           "star_masked_sum": star_masked_sum}
 
 
 def main(argv=None):
