@@ -5,6 +5,7 @@ rows land in one JSON.  Also: the averaging script, and what makes a row (conver
 import json
 import os
 import re
+import subprocess
 
 import pytest
 import torch
@@ -133,3 +134,28 @@ def test_summary_pairs_converged_seeds_and_leaves_capped_runs_out(tmp_path):
     assert set(written) == {"other_row", "capsule_multi30k", "fasttrees_multi30k"}
     assert written["fasttrees_multi30k"]["seeds"] == [1, 2] and written["fasttrees_multi30k"]["ours"] == [34.0, 37.0]
     assert written["capsule_multi30k"]["baseline"] == [35.0, 36.0, 35.5]
+
+
+def test_gpu_table_stops_at_its_deadline_and_resumes(toy_translation_bin, tmp_path):
+    """DEADLINE stops every run still training (exit status 3, no row, a message saying how to resume); the
+    same command then resumes the run from its checkpoint_last.pt and finishes it."""
+    results = tmp_path / "rows.json"
+    env = {"DEVICE": "cpu", "CONFIGS": "transformer", "SEEDS": "1", "MAX_UPDATE": "100000", "AVERAGE": "1",
+           "MAX_TOKENS": "2500", "RESULTS": str(results), "PYTHON": cli.tool("python"), "DEADLINE": "25"}
+    cmd = ["bash", os.path.join(cli.ROOT, "benchmarks/gpu/multi30k_converged.sh"), toy_translation_bin, tmp_path / "w"]
+    proc = cli.run(cmd, env=env, check=False)
+    assert proc.returncode == 3, proc.stderr[-2000:]
+    assert "transformer_s1 stopped at the DEADLINE; run the same command to resume it" in proc.stderr
+    assert not results.exists() and not (tmp_path / "w" / "transformer_s1" / "train.done").exists()
+    left = subprocess.run(["pgrep", "-f", str(tmp_path / "w")], capture_output=True, text=True).stdout
+    assert not left, f"processes of the stopped run still running: {left}"
+    first = open(tmp_path / "w" / "transformer_s1" / "train.log").read()
+    saved = [int(u) for u in re.findall(r"valid on 'valid' subset .*?\| num_updates (\d+)", first)]
+    assert saved, first[-2000:]  # at least one epoch checkpoint to resume from
+    cap = saved[-1] + 3
+    proc = cli.run(cmd, env=dict(env, DEADLINE="", MAX_UPDATE=str(cap)), check=False)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    log = open(tmp_path / "w" / "transformer_s1" / "train.log").read()
+    assert re.search(r"Loaded checkpoint \S+checkpoint_last\.pt \(epoch \d+ @ \d+ updates\)", log[len(first):])
+    (row,) = json.load(open(results))
+    assert row["updates"] == cap

@@ -7,13 +7,14 @@
 # benchmarks/work/m30k_converged_gpu.  CONFIGS (default: the four of the table) and SEEDS (default 1 2 3)
 # choose the runs; DEVICE=cpu runs the same on the CPU (the smoke test does, with a tiny MAX_UPDATE);
 # MAX_UPDATE, PATIENCE, AVERAGE, ... are handed on to each run.  Each run's output: WORK_ROOT/<run>.out.
+# DEADLINE (seconds, default none) stops every run still training at that time (SIGTERM to each run's process
+# group; exit status 3): the same command later resumes them from their checkpoint_last.pt, --patience's count
+# included, so a table that needs more than one device call is trained in several.
 # Measured on one H200 (--fp16, 16 CPU cores): the 12 runs side by side take ~20 s per epoch each (validation
-# included) and reach epochs 22-25 in 470 s, none stopped by patience yet (the CPU vanilla run still improves at
-# epoch 30), so the whole table needs ~15-20 minutes of GPU: more than one 10-minute call.
-# Without fairseq on the GPU machine (Python 3.12 there), carry wheels made here: ve-fairseq==0.12.3,
-# bitarray, hydra-core, omegaconf (cp312 manylinux, pip download --only-binary) and antlr4-python3-runtime==4.9.3
-# (pip wheel), install them with pip --target, put the console scripts and a `python` link in one folder and
-# pass PYTHON=<that folder>/python.
+# included) and reach epochs 22-25 in 470 s, none stopped by patience yet; the CPU vanilla run still improves at
+# epoch 32, so a run needs ~50-60 epochs and the whole table ~15-20 minutes of GPU: run it in groups (SEEDS=1,
+# then 2, then 3; each group's rows land in the same JSON), or over several calls with DEADLINE.
+# Without fairseq on the GPU machine, carry wheels made here and install them there: benchmarks/gpu/wheels.sh.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 DATA=${1:-data-bin/multi30k}
@@ -23,6 +24,7 @@ SEEDS=${SEEDS:-"1 2 3"}
 export DEVICE=${DEVICE:-cuda}
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 mkdir -p "$ROOT"
+rm -f "$ROOT/.deadline"
 pids=()
 names=()
 for config in $CONFIGS; do
@@ -31,17 +33,32 @@ for config in $CONFIGS; do
   [ "$config" = "$arch" ] || routing=${config#*:}
   for seed in $SEEDS; do
     name=${arch}${routing:+_$routing}_s$seed
-    examples/translation/multi30k_converged.sh "$arch" "$seed" "$routing" "$DATA" "$ROOT/$name" \
-      > "$ROOT/$name.out" 2>&1 &
+    setsid examples/translation/multi30k_converged.sh "$arch" "$seed" "$routing" "$DATA" "$ROOT/$name" \
+      > "$ROOT/$name.out" 2>&1 &  # its own process group: DEADLINE stops the run with its fairseq-train
     pids+=($!)
     names+=("$name")
   done
 done
-failed=0
+running() { for pid in "${pids[@]}"; do kill -0 "$pid" 2>/dev/null && return 0; done; return 1; }
+if [ -n "${DEADLINE:-}" ]; then
+  end=$((SECONDS + DEADLINE))
+  while running && [ "$SECONDS" -lt "$end" ]; do sleep 1; done
+  if running; then
+    touch "$ROOT/.deadline"
+    for pid in "${pids[@]}"; do kill -TERM -- -"$pid" 2>/dev/null || true; done
+  fi
+fi
+status=0
 for i in "${!pids[@]}"; do
   if ! wait "${pids[$i]}"; then
-    echo "multi30k_converged (gpu): run ${names[$i]} failed; see $ROOT/${names[$i]}.out" >&2
-    failed=1
+    if [ -f "$ROOT/.deadline" ]; then
+      echo "multi30k_converged (gpu): run ${names[$i]} stopped at the DEADLINE; run the same command to resume it" >&2
+      status=3
+    else
+      echo "multi30k_converged (gpu): run ${names[$i]} failed; see $ROOT/${names[$i]}.out" >&2
+      [ "$status" = 3 ] || status=1
+    fi
   fi
 done
-exit $failed
+rm -f "$ROOT/.deadline"
+exit $status
