@@ -1,12 +1,13 @@
 """The benchmark scripts' own logic where a figure in BENCHMARKS.md depends on it."""
 import argparse
 import json
+import os
 
 import pytest
 import torch
 from torch.utils.flop_counter import sdpa_backward_flop_count, sdpa_flop_count
 
-from tests.helpers.cli import load_script
+from tests.helpers.cli import ROOT, load_script
 
 
 def test_flop_count_includes_the_fused_cpu_attention_of_fairseqs_transformer():
@@ -100,3 +101,19 @@ def test_capsule_speed_script_names_a_bad_device(device, message, capsys, monkey
         speed.main()
     assert exit_info.value.code == 2
     assert f"--device {device}: {message}" in capsys.readouterr().err
+
+
+def test_paper_claims_rows_follow_the_schema():
+    """benchmarks/results/paper_claims.json: one row per id, each with the fields a reader compares; per-seed
+    lists of the same length as ``seeds``."""
+    with open(os.path.join(ROOT, "benchmarks", "results", "paper_claims.json")) as f:
+        rows = json.load(f)
+    ids = [r["id"] for r in rows]
+    assert len(ids) == len(set(ids)), ids
+    for r in rows:
+        missing = {"id", "paper", "claim", "ours", "baseline", "paper_value", "seeds", "command"} - r.keys()
+        assert not missing, (r["id"], missing)
+        if r["seeds"] is not None:  # a per-seed comparison
+            assert len(r["ours"]) == len(r["baseline"]) == len(r["seeds"]) >= 1, r["id"]
+        else:  # a speed row: ours is the ratio
+            assert isinstance(r["ours"], (int, float)), r["id"]
