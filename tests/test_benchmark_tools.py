@@ -117,3 +117,14 @@ def test_paper_claims_rows_follow_the_schema():
             assert len(r["ours"]) == len(r["baseline"]) == len(r["seeds"]) >= 1, r["id"]
         else:  # a speed row: ours is the ratio
             assert isinstance(r["ours"], (int, float)), r["id"]
+
+
+def test_lstm_speed_claim_row_is_onlstm_time_over_fasttrees():
+    speed = load_script("benchmarks/fasttrees/lstm_speed.py")
+    result = {"runs_seconds": {"onlstm": [2.0, 3.0, 2.2], "fasttrees_ffn": [1.0, 2.0, 2.0]}, "repeats": 3,
+              "speedup_vs_onlstm": {"onlstm": 1.0, "fasttrees_ffn": 1.1}}
+    row = speed.claim_row(result, "cmd")
+    assert (row["id"], row["ours"], row["ours_runs"], row["paper_value"]) == ("fasttrees_lstm_speed", 1.1,
+                                                                             [2.0, 1.5, 1.1], 1.29)
+    with pytest.raises(SystemExit):
+        speed.main(["--setting", "logic", "--claims", "x.json"])

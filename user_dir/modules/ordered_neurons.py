@@ -186,17 +186,22 @@ class OrderedNeuronsLayer(nn.Module):
         outputs: List[Tensor] = []
         forgets: List[Tensor] = []
         n_master = 2 * self.n_chunk
+        # the per-step slices, taken once (unbind: indexing [t] inside the loop would make autograd write a
+        # zero-filled gradient of the whole sequence at every step)
+        steps_x = gates_x.unbind(0)
+        steps_master = None if masters is None else list(zip(masters[0].unbind(0), masters[1].unbind(0)))
+        steps_keep = None if keep is None else keep.unsqueeze(-1).unbind(0)
         for t in range(x.size(0)):
-            gates = gates_x[t] + F.linear(h, w_hh)
-            if masters is None:  # ON-LSTM: the master gates read h_{t−1}
+            gates = steps_x[t] + F.linear(h, w_hh)
+            if steps_master is None:  # ON-LSTM: the master gates read h_{t−1}
                 f_master, i_master = master_gates(gates[:, :n_master])
                 gates = gates[:, n_master:]
             else:  # FastTrees: computed before the loop
-                f_master, i_master = masters[0][t], masters[1][t]
+                f_master, i_master = steps_master[t]
             h_t, c_t = ordered_neurons_cell(f_master, i_master, gates, c, self.chunk_size)
             h_t = h_t.to(x.dtype)
-            if keep is not None:
-                k = keep[t].unsqueeze(-1)
+            if steps_keep is not None:
+                k = steps_keep[t]
                 h_t, c_t = torch.where(k, h_t, h), torch.where(k, c_t, c)
             h, c = h_t, c_t
             outputs.append(h)
