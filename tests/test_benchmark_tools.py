@@ -128,3 +128,20 @@ def test_lstm_speed_claim_row_is_onlstm_time_over_fasttrees():
                                                                              [2.0, 1.5, 1.1], 1.29)
     with pytest.raises(SystemExit):
         speed.main(["--setting", "logic", "--claims", "x.json"])
+
+
+def test_paired_statistics_and_verdict():
+    """result_rows.paired: mean difference, s.e., the paired t-test p (Student's t, n − 1 degrees of freedom) and
+    the exact sign-flip p; the verdict follows the t-test."""
+    from user_dir.result_rows import paired, verdict
+
+    p = paired([2.0, 4.0, 6.0], [1.0, 2.0, 3.0])  # differences 1, 2, 3
+    assert (p["diff"], p["n"], p["ahead"]) == (2.0, 3, 3)
+    assert p["se"] == pytest.approx(1 / 3 ** 0.5)
+    assert p["t_p"] == pytest.approx(0.0742, abs=1e-4)  # t = 3.46 on 2 degrees of freedom
+    assert p["p"] == 0.25  # 2 of the 8 sign patterns reach |sum| 6
+    assert verdict(p) == "within noise"
+    q = paired([10.0, 20.0], [2.0, 12.3])  # differences 8.0, 7.7: t = 52.3 on 1 degree of freedom
+    assert q["t_p"] == pytest.approx(0.0122, abs=1e-3) and verdict(q) == "ahead"
+    assert verdict(q, higher_is_better=False) == "behind"
+    assert paired([1.0, 1.0], [1.0, 1.0])["t_p"] == 1.0

@@ -158,7 +158,7 @@ def test_mlu_summary_pairs_seeds_and_writes_the_claim(tmp_path):
                                              ("fasttrees_transformer", 1, 300, 75.0)]]
     summary = load_script("benchmarks/fasttrees/summarize_mlu.py")
     table = summary.markdown(rows)
-    assert "+4.00 ± 2.00 (ahead in 2 of 2 seeds, p = 0.50)" in table
+    assert "+4 ± 2 (t-test p = 0.295, sign-flip p = 0.50, ahead in 2 of 2): within noise" in table
     assert "+10.00 (seed 1 only)" in table
     (results := tmp_path / "mlu.json").write_text(json.dumps(rows))
     claims = tmp_path / "claims.json"

@@ -9,6 +9,8 @@ import os
 import re
 import statistics
 
+import scipy.stats
+
 
 def upsert(path, new_rows, key):
     """Replaces the rows of the JSON list at ``path`` (created if absent) that have the ``key`` of one of
@@ -67,9 +69,10 @@ def mean_se(values):
 
 
 def paired(a, b):
-    """{"diff", "se", "ahead", "n", "p"} of A − B over seeds given in the same order: the mean difference, its
-    standard error, in how many seeds A is ahead, and the exact two-sided sign-flip permutation p-value (all 2^n
-    sign patterns of the paired differences)."""
+    """{"diff", "se", "ahead", "n", "t_p", "p"} of A − B over seeds given in the same order: the mean difference,
+    its standard error, in how many seeds A is ahead, the two-sided paired t-test p-value (Student's t with n − 1
+    degrees of freedom) and the exact two-sided sign-flip permutation p-value (all 2^n sign patterns of the paired
+    differences; it cannot fall below 2 / 2^n, so below 0.05 only from 6 seeds on)."""
     if len(a) != len(b) or len(a) < 2:
         raise ValueError(f"paired comparison needs the same number (>= 2) of seeds, got {len(a)} and {len(b)}")
     diffs = [x - y for x, y in zip(a, b)]
@@ -77,4 +80,22 @@ def paired(a, b):
     observed = abs(sum(diffs))
     flips = list(itertools.product((1, -1), repeat=len(diffs)))
     extreme = sum(abs(sum(s * d for s, d in zip(signs, diffs))) >= observed - 1e-9 for signs in flips)
-    return {"diff": mean, "se": se, "ahead": sum(d > 0 for d in diffs), "n": len(diffs), "p": extreme / len(flips)}
+    if se > 0:
+        t_p = 2 * scipy.stats.t.sf(abs(mean) / se, len(diffs) - 1)
+    else:  # every seed the same difference
+        t_p = 1.0 if mean == 0 else 0.0
+    return {"diff": mean, "se": se, "ahead": sum(d > 0 for d in diffs), "n": len(diffs), "t_p": float(t_p),
+            "p": extreme / len(flips)}
+
+
+def verdict(comparison, higher_is_better=True):
+    """"ahead" / "behind" when the paired t-test's p (:func:`paired`) is below 0.05, else "within noise"."""
+    if comparison["t_p"] >= 0.05:
+        return "within noise"
+    return "ahead" if (comparison["diff"] > 0) == higher_is_better else "behind"
+
+
+def paired_text(comparison):
+    """The paired difference as the summaries print it: ``+d ± se (t-test p, sign-flip p, ahead in k of n)``."""
+    return (f"{comparison['diff']:+.3g} ± {comparison['se']:.2g} (t-test p = {comparison['t_p']:.3f}, sign-flip "
+            f"p = {comparison['p']:.2f}, ahead in {comparison['ahead']} of {comparison['n']})")

@@ -10,7 +10,7 @@ import argparse
 import os
 import sys
 
-from user_dir.result_rows import mean_se, paired, read_rows, upsert
+from user_dir.result_rows import mean_se, paired, paired_text, read_rows, upsert, verdict
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 MODELS = ("fasttrees_transformer", "transformer")
@@ -36,7 +36,7 @@ def markdown(rows):
         seeds = common_seeds(by_arch)
         if len(seeds) >= 2:
             p = paired(*[[by_arch[m][s] for s in seeds] for m in MODELS])
-            gain = f"{p['diff']:+.2f} ± {p['se']:.2f} (ahead in {p['ahead']} of {p['n']} seeds, p = {p['p']:.2f})"
+            gain = f"{paired_text(p)}: {verdict(p)}"
         elif seeds:
             gain = f"{by_arch[MODELS[0]][seeds[0]] - by_arch[MODELS[1]][seeds[0]]:+.2f} (seed {seeds[0]} only)"
         else:

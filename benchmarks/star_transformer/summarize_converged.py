@@ -14,7 +14,7 @@ import argparse
 import os
 import sys
 
-from user_dir.result_rows import mean_se, paired, read_rows, upsert
+from user_dir.result_rows import mean_se, paired, paired_text, read_rows, upsert, verdict
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 METRIC = {"sst5": "accuracy", "conll03": "span_f1", "masked_sum": "mse"}
@@ -38,13 +38,12 @@ def experiments(rows):
 
 
 def compare(star, transformer, metric):
-    """Star − Transformer over the common seeds (``None`` below 2) and the verdict (p < 0.05)."""
+    """Star − Transformer over the common seeds (``None`` below 2) and the verdict (paired t-test p < 0.05)."""
     common = sorted(set(star) & set(transformer))
     if len(common) < 2:
         return None
     p = paired([star[s]["test"] for s in common], [transformer[s]["test"] for s in common])
-    better = p["diff"] > 0 if HIGHER_IS_BETTER[metric] else p["diff"] < 0
-    p["verdict"] = "within noise" if p["p"] >= 0.05 else ("Star ahead" if better else "Star behind")
+    p["verdict"] = verdict(p, HIGHER_IS_BETTER[metric]).replace("ahead", "Star ahead").replace("behind", "Star behind")
     p["seeds"] = common
     return p
 
@@ -68,8 +67,7 @@ def markdown(rows):
             epochs = ", ".join(f"{runs[s]['epochs']}{'' if runs[s]['converged'] else ' (capped)'}" for s in seeds)
             diff = verdict = "—"
             if model == "star" and comparison:
-                diff = (f"{comparison['diff']:+.3g} ± {comparison['se']:.2g} (p = {comparison['p']:.2f}, "
-                        f"n = {comparison['n']})")
+                diff = paired_text(comparison)
                 verdict = comparison["verdict"]
             lines.append(f"| {model} | {per_seed} | {mean:.4g}{'' if se is None else f' ± {se:.2g}'} | {epochs} "
                          f"| {diff} | {verdict} |")

@@ -14,7 +14,7 @@ import argparse
 import os
 import sys
 
-from user_dir.result_rows import mean_se, paired, read_rows, upsert
+from user_dir.result_rows import mean_se, paired, paired_text, read_rows, upsert, verdict
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 CONFIGS = [("transformer", None), ("capsule_transformer", "enc_self"), ("capsule_transformer", "default"),
@@ -32,13 +32,6 @@ CLAIMS = {
 def name(config):
     arch, routing = config
     return arch + (f" ({routing})" if routing else "")
-
-
-def verdict(p):
-    """ahead / behind when the sign-flip p is below 0.05, otherwise within noise."""
-    if p["p"] >= 0.05:
-        return "within noise"
-    return "ahead" if p["diff"] > 0 else "behind"
 
 
 def summarize(rows, device="cpu"):
@@ -71,7 +64,7 @@ def markdown(summary):
         per_seed = ", ".join(f"{s}: {b:.2f}" for s, b in zip(e["seeds"], e["test_bleu"]))
         se = "" if e["se"] is None else f" ± {e['se']:.2f}"
         p = e.get("paired")
-        diff = "—" if p is None else f"{p['diff']:+.2f} ± {p['se']:.2f} (p = {p['p']:.2f}, ahead in {p['ahead']} of {p['n']})"
+        diff = "—" if p is None else paired_text(p)
         lines.append(f"| {config} | {per_seed} | {e['mean']:.2f}{se} | {min(e['updates'])}–{max(e['updates'])} | {diff} "
                      f"| {e.get('verdict', '—')} |")
     if summary["capped"]:
