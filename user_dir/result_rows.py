@@ -9,8 +9,6 @@ import os
 import re
 import statistics
 
-import scipy.stats
-
 
 def upsert(path, new_rows, key):
     """Replaces the rows of the JSON list at ``path`` (created if absent) that have the ``key`` of one of
@@ -81,6 +79,8 @@ def paired(a, b):
     flips = list(itertools.product((1, -1), repeat=len(diffs)))
     extreme = sum(abs(sum(s * d for s, d in zip(signs, diffs))) >= observed - 1e-9 for signs in flips)
     if se > 0:
+        import scipy.stats  # here, not at the top: the row writers run where only fairseq's needs are installed
+
         t_p = 2 * scipy.stats.t.sf(abs(mean) / se, len(diffs) - 1)
     else:  # every seed the same difference
         t_p = 1.0 if mean == 0 else 0.0

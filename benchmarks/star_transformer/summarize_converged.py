@@ -43,7 +43,8 @@ def compare(star, transformer, metric):
     if len(common) < 2:
         return None
     p = paired([star[s]["test"] for s in common], [transformer[s]["test"] for s in common])
-    p["verdict"] = verdict(p, HIGHER_IS_BETTER[metric]).replace("ahead", "Star ahead").replace("behind", "Star behind")
+    outcome = verdict(p, HIGHER_IS_BETTER[metric])
+    p["verdict"] = outcome if outcome == "within noise" else f"Star {outcome}"
     p["seeds"] = common
     return p
 
