@@ -60,3 +60,15 @@ def test_logic_results_match_benchmarks():
         line = next(line for line in text.splitlines() if line.startswith(label))
         table = [float(x) for x in re.findall(r"\d+\.\d", line)][:12]
         assert table == [float(r[col]) for r in rows], col
+
+
+def test_recurrent_logic_table_matches_benchmarks():
+    """BENCHMARKS.md shows the recurrent cells' logic table as summarize_lstm.py prints it from the committed rows."""
+    from tests.helpers.cli import load_script
+
+    path = os.path.join(ROOT, "benchmarks", "fasttrees", "results", "logic_lstm.json")
+    summary = load_script("benchmarks/fasttrees/summarize_lstm.py")
+    table = summary.logic_table(summary.load(path)).splitlines()
+    text = _benchmarks().splitlines()
+    for line in table:
+        assert line in text, line

@@ -221,9 +221,11 @@ def fasttrees_lstm_logic(results, plt):
         if runs:
             mean = [sum(r["accuracy_by_ops"][str(k)] for r in runs) / len(runs) for k in ops]
             seeds = ", ".join(str(r["seed"]) for r in runs)
-            ax.plot(ops, mean, style, label=f"{label} (seeds {seeds})")
+            ax.plot(ops, mean, style, label=f"{label} (seed{'s' if len(runs) > 1 else ''} {seeds})")
+    majority = read_csv(os.path.join(results, "fasttrees_logic.csv"))  # the same test sets
+    ax.plot(ops, [num(r["majority"]) for r in majority], "k:", label="majority class")
     ax.axvspan(6.5, 12.5, color="grey", alpha=0.12, label="longer than any training formula")
-    size = rows[0]["size_flags"] if rows else ""
+    size = rows[0]["size_flags"].replace("--hidden-size", "hidden").replace("--", "") if rows else ""
     ax.set(xlabel="number of operators", ylabel="test accuracy (%)",
            title=f"Logical inference, siamese recurrent encoders, embedding 128, {size}".strip(", "))
     grid_and_legend(ax)
@@ -269,7 +271,7 @@ def mtn_metrics(results, plt):
 FIGURES = {"star_scaling": star_scaling, "txl_eval_speedup": txl_eval_speedup, "txl_ptb": txl_ptb,
            "capsule_bleu_seeds": capsule_bleu_seeds, "capsule_routing": capsule_routing, "capsule_speed": capsule_speed,
            "fasttrees_logic": fasttrees_logic, "fasttrees_tree": fasttrees_tree, "mtn_metrics": mtn_metrics,
-           "star_masked_sum": star_masked_sum}
+           "star_masked_sum": star_masked_sum, "fasttrees_lstm_logic": fasttrees_lstm_logic}
 
 
 def main(argv=None):
