@@ -18,6 +18,7 @@ LMS = {
     "fasttrees_ffn": ("fasttrees_lstm_lm", []),
     "fasttrees_linear": ("fasttrees_lstm_lm", ["--master", "linear"]),
     "fasttrees_conv": ("fasttrees_lstm_lm", ["--master", "conv", "--conv-kernel-size", 3]),
+    "lstm_ablation": ("fasttrees_lstm_lm", ["--master", "none"]),
 }
 LM_VARIANTS = pytest.mark.parametrize("variant", sorted(LMS))
 
@@ -68,6 +69,26 @@ def test_layer_equals_the_equations_written_out(master):
     assert torch.allclose(got.double(), ref, atol=1e-5)
     assert torch.allclose(h.double(), ref[-1], atol=1e-5)
     assert f_master.shape == (9, 2, 4) and torch.allclose(f_master[..., -1], torch.ones(9, 2))  # cumax ends at 1
+
+
+def test_without_master_gates_the_layer_is_torch_lstm():
+    """``master="none"`` (the ablation) is the standard LSTM: torch's ``nn.LSTM`` with the same weights, whose
+    gate rows are [i | f | g | o] where the layer's are [o | ĉ | i | f]."""
+    torch.manual_seed(0)
+    layer = OrderedNeuronsLayer(6, 12, 3, master="none").eval()
+    lstm = torch.nn.LSTM(6, 12)
+    order = [2, 3, 1, 0]  # torch's i, f, g, o among the layer's o, ĉ, i, f
+    with torch.no_grad():
+        lstm.weight_ih_l0.copy_(torch.cat([layer.ih.weight.view(4, 12, 6)[k] for k in order]))
+        lstm.bias_ih_l0.copy_(torch.cat([layer.ih.bias.view(4, 12)[k] for k in order]))
+        lstm.weight_hh_l0.copy_(torch.cat([layer.weight_hh.view(4, 12, 12)[k] for k in order]))
+        lstm.bias_hh_l0.zero_()
+        x = torch.randn(9, 2, 6)
+        got, (h, c), f_master, _ = layer(x)
+        ref, (h_ref, c_ref) = lstm(x)
+    assert torch.allclose(got, ref, atol=1e-6) and torch.allclose(c, c_ref[0], atol=1e-6)
+    assert torch.equal(f_master, torch.ones(9, 2, 4))  # no master gates: syntactic distance 0
+    assert sum(p.numel() for p in layer.parameters()) == sum(p.numel() for p in lstm.parameters()) - 4 * 12
 
 
 @pytest.mark.parametrize("master", ["ffn", "linear", "conv"])
@@ -217,6 +238,11 @@ def test_classifier_presets():
                      task="sentence_prediction")
     assert (model.cfg.embed_dim, model.cfg.hidden_size, model.cfg.num_layers, model.cfg.chunk_size) == (128, 400, 1, 10)
     assert model.cfg.master == "conv"
+    control, _ = build("lstm_classifier_logic", ["--criterion", "sentence_prediction", "--num-classes", 3],
+                       task="sentence_prediction")
+    layer = control.encoder.rnn.layers[0]
+    assert control.cfg.master == "none" and layer.master_net is None and not layer.recurrent_master
+    assert (control.cfg.hidden_size, control.cfg.dropout) == (400, 0.2)
 
 
 # --------------------------------------------------------------------------- precision

@@ -4,7 +4,8 @@
 # [u; v; u*v; |u-v|]), one (arch, seed) per call, the same data, batch, schedule and stopping rule for every arch.
 #   benchmarks/fasttrees/logic_lstm.sh ARCH SEED [WORK]
 # ARCH: onlstm_classifier_logic | fasttrees_lstm_classifier_logic | fasttrees_lstm_classifier_conv_logic (the presets:
-# one layer, embedding 128, hidden 400, chunk 10, dropout 0.2).  SIZE_FLAGS adds or overrides flags for every arch;
+# one layer, embedding 128, hidden 400, chunk 10, dropout 0.2) | lstm_classifier_logic (the control: the same
+# classifier without master gates, a standard LSTM).  SIZE_FLAGS adds or overrides flags for every arch;
 # its default "--hidden-size 200" halves the hidden size, so that 25 epochs fit ~2 hours of one core (the paper's
 # 400 takes ~7 CPU-minutes an epoch here).
 # Training: Adam lr LR (3e-3: after 2 epochs ON-LSTM is at 61.4% valid accuracy with it, at 58.6% with 1e-3, which
@@ -20,9 +21,10 @@ shopt -s inherit_errexit
 ARCH=${1:?usage: logic_lstm.sh ARCH SEED [WORK]}
 SEED=${2:?usage: logic_lstm.sh ARCH SEED [WORK]}
 case "$ARCH" in
-  onlstm_classifier_logic | fasttrees_lstm_classifier_logic | fasttrees_lstm_classifier_conv_logic) ;;
-  *) echo "logic_lstm: ARCH must be onlstm_classifier_logic, fasttrees_lstm_classifier_logic or" \
-          "fasttrees_lstm_classifier_conv_logic, got '$ARCH'" >&2; exit 2 ;;
+  onlstm_classifier_logic | fasttrees_lstm_classifier_logic | fasttrees_lstm_classifier_conv_logic | \
+  lstm_classifier_logic) ;;
+  *) echo "logic_lstm: ARCH must be onlstm_classifier_logic, fasttrees_lstm_classifier_logic," \
+          "fasttrees_lstm_classifier_conv_logic or lstm_classifier_logic, got '$ARCH'" >&2; exit 2 ;;
 esac
 LOGIC=${LOGIC:-$SHARED/propositionallogic}
 DATA=${DATA:-benchmarks/work/logic_lstm_bin}

@@ -21,7 +21,7 @@ from user_dir.result_rows import upsert
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 NAMES = {"onlstm_classifier_logic": "ON-LSTM", "fasttrees_lstm_classifier_logic": "FastTrees (FFN master gates)",
-         "fasttrees_lstm_classifier_conv_logic": "Conv. FastTrees",
+         "fasttrees_lstm_classifier_conv_logic": "Conv. FastTrees", "lstm_classifier_logic": "LSTM (no master gates)",
          "onlstm_lm_ptb": "ON-LSTM", "fasttrees_lstm_lm_ptb": "FastTrees (FFN master gates)",
          "fasttrees_lstm_lm_conv_ptb": "Conv. FastTrees"}
 BASELINE = "onlstm_classifier_logic"

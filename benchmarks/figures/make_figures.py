@@ -213,7 +213,8 @@ def fasttrees_lstm_logic(results, plt):
     with open(os.path.join(FASTTREES_RESULTS, "logic_lstm.json"), encoding="utf-8") as f:
         rows = json.load(f)
     names = {"onlstm_classifier_logic": ("ON-LSTM", "s-"), "fasttrees_lstm_classifier_logic": ("FastTrees", "o-"),
-             "fasttrees_lstm_classifier_conv_logic": ("Conv. FastTrees", "^-")}
+             "fasttrees_lstm_classifier_conv_logic": ("Conv. FastTrees", "^-"),
+             "lstm_classifier_logic": ("LSTM (no master gates)", "d--")}
     ops = list(range(1, 13))
     fig, ax = plt.subplots(figsize=(7, 4))
     for arch, (label, style) in names.items():

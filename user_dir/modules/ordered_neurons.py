@@ -45,6 +45,9 @@ Reconstruction decisions
    scales by ``1−p`` at evaluation (the same model up to a reparametrisation).
 6. *Padding*: a padded step leaves (h, c) unchanged, so a sentence's outputs and final state are the same
    alone and in a padded batch.
+7. *Ablation* (``master="none"``, not in either paper): no master gates, f̃ = ĩ = 1, so ω = 1, f̂ = f, î = i
+   and the cell is the standard LSTM with the same sizes, regularisation and heads: the control that shows
+   what the master gates themselves do.  Its syntactic distances are 0.
 """
 from typing import List, Optional, Tuple
 
@@ -55,7 +58,7 @@ from torch import Tensor
 
 from .fasttrees_layer import cumax
 
-MASTER_KINDS = ("recurrent", "ffn", "linear", "conv")
+MASTER_KINDS = ("recurrent", "ffn", "linear", "conv", "none")
 State = Tuple[Tensor, Tensor]  # (h, c), each (B, H)
 
 
@@ -158,7 +161,8 @@ class OrderedNeuronsLayer(nn.Module):
         self.ih = nn.Linear(input_size, n_gates)
         self.weight_hh = nn.Parameter(torch.empty(n_gates, hidden_size))
         nn.init.uniform_(self.weight_hh, -hidden_size ** -0.5, hidden_size ** -0.5)
-        self.master_net = None if self.recurrent_master else MasterGateNetwork(
+        self.master = master
+        self.master_net = None if master in ("recurrent", "none") else MasterGateNetwork(
             input_size, self.n_chunk, master, master_hidden_dim, conv_kernel_size, hidden_size)
 
     def initial_state(self, x: Tensor) -> State:
@@ -168,6 +172,9 @@ class OrderedNeuronsLayer(nn.Module):
     def precompute(self, x: Tensor, window: Optional[Tensor] = None):
         """What does not depend on h: (gate input projections (T, B, G), FastTrees' master gates (f̃, ĩ), each
         (T, B, D_m), or ``None`` for ON-LSTM, the conv window to carry)."""
+        if self.master == "none":  # decision 7: f̃ = ĩ = 1
+            ones = x.new_ones(x.size(0), x.size(1), self.n_chunk, dtype=torch.float32)
+            return self.ih(x), (ones, ones), None
         if self.master_net is None:
             return self.ih(x), None, None
         pre, window = self.master_net(x, window)
