@@ -144,4 +144,6 @@ def test_paired_statistics_and_verdict():
     q = paired([10.0, 20.0], [2.0, 12.3])  # differences 8.0, 7.7: t = 52.3 on 1 degree of freedom
     assert q["t_p"] == pytest.approx(0.0122, abs=1e-3) and verdict(q) == "ahead"
     assert verdict(q, higher_is_better=False) == "behind"
+    assert paired([1.0, 5.0], [2.0, 3.0], higher_is_better=False)["ahead"] == 1  # an error: lower is ahead
+    assert paired([1.0, 2.0], [2.0, 3.0], higher_is_better=False)["ahead"] == 2
     assert paired([1.0, 1.0], [1.0, 1.0])["t_p"] == 1.0

@@ -399,7 +399,7 @@ def test_convergence_summary_pairs_seeds_and_writes_claims(tmp_path, capsys):
     assert ("| star | 1: 42, 2: 41, 3: 40 | 41 ± 0.58 | 9, 9, 9 (capped) | +1.5 ± 0.5 (t-test p = 0.205, sign-flip "
             "p = 0.50, ahead in 2 of 2) | within noise |") in out
     # lower MSE by the same 0.1 in both seeds: a paired difference without spread is significant
-    assert "| star | 1: 0.1, 2: 0.12 |" in out and "-0.1 ± 0 (t-test p = 0.000, sign-flip p = 0.50, ahead in 0 of 2) | Star ahead |" in out
+    assert "| star | 1: 0.1, 2: 0.12 |" in out and "-0.1 ± 0 (t-test p = 0.000, sign-flip p = 0.50, ahead in 2 of 2) | Star ahead |" in out
     by_id = {c["id"]: c for c in json.load(open(claims))}
     assert by_id["star_sst5"]["ours"] == [42.0, 41.0] and by_id["star_sst5"]["baseline"] == [40.0, 40.0]
     assert by_id["star_masked_sum"]["n"] == 100 and by_id["star_masked_sum"]["ours"] == [0.10, 0.12]

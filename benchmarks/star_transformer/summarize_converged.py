@@ -42,7 +42,7 @@ def compare(star, transformer, metric):
     common = sorted(set(star) & set(transformer))
     if len(common) < 2:
         return None
-    p = paired([star[s]["test"] for s in common], [transformer[s]["test"] for s in common])
+    p = paired([star[s]["test"] for s in common], [transformer[s]["test"] for s in common], HIGHER_IS_BETTER[metric])
     outcome = verdict(p, HIGHER_IS_BETTER[metric])
     p["verdict"] = outcome if outcome == "within noise" else f"Star {outcome}"
     p["seeds"] = common
