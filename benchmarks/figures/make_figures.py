@@ -246,6 +246,7 @@ def star_masked_sum(results, plt):
         ax.plot(ns, means, "-", color=color, label=f"{label} (mean over seeds)")
         for r in runs:
             ax.plot(r["n"], r["test"], "o", color=color, mfc=color if r["converged"] else "none")
+    ax.axhline(10 / 12, color="grey", ls=":", label="predicting the mean (variance of a sum of 10 U(0, 1))")
     ax.set_xscale("log")
     ax.set(xlabel="sequence length n", ylabel="test MSE", title="Masked summation (k = 10), d 100, 2 layers")
     grid_and_legend(ax)
