@@ -68,8 +68,8 @@ def mean_se(values):
 
 def paired(a, b, higher_is_better=True):
     """{"diff", "se", "ahead", "n", "t_p", "p"} of A − B over seeds given in the same order: the mean difference,
-    its standard error, in how many seeds A is ahead (higher, or lower with ``higher_is_better=False``), the two-sided paired t-test p-value (Student's t with n − 1
-    degrees of freedom) and the exact two-sided sign-flip permutation p-value (all 2^n sign patterns of the paired
+    its standard error, in how many seeds A is ahead (higher; lower with ``higher_is_better=False``), the two-sided
+    paired t-test p-value (Student's t with n − 1 degrees of freedom) and the exact two-sided sign-flip permutation p-value (all 2^n sign patterns of the paired
     differences; it cannot fall below 2 / 2^n, so below 0.05 only from 6 seeds on)."""
     if len(a) != len(b) or len(a) < 2:
         raise ValueError(f"paired comparison needs the same number (>= 2) of seeds, got {len(a)} and {len(b)}")
@@ -84,7 +84,8 @@ def paired(a, b, higher_is_better=True):
         t_p = 2 * scipy.stats.t.sf(abs(mean) / se, len(diffs) - 1)
     else:  # every seed the same difference
         t_p = 1.0 if mean == 0 else 0.0
-    return {"diff": mean, "se": se, "ahead": sum((d > 0) if higher_is_better else (d < 0) for d in diffs), "n": len(diffs), "t_p": float(t_p),
+    ahead = sum((d > 0) if higher_is_better else (d < 0) for d in diffs)
+    return {"diff": mean, "se": se, "ahead": ahead, "n": len(diffs), "t_p": float(t_p),
             "p": extreme / len(flips)}
 
 

@@ -154,16 +154,20 @@ class OrderedNeuronsLayer(nn.Module):
         check_chunking(hidden_size, chunk_size)
         self.input_size, self.hidden_size, self.chunk_size = input_size, hidden_size, chunk_size
         self.n_chunk = hidden_size // chunk_size
-        self.recurrent_master = master == "recurrent"
         self.weight_drop = weight_drop
+        self.master = master
         n_gates = 4 * hidden_size + (2 * self.n_chunk if self.recurrent_master else 0)
         # all gates' input projections in one matrix (ON-LSTM: [f̃ | ĩ | o | ĉ | i | f], FastTrees: [o | ĉ | i | f])
         self.ih = nn.Linear(input_size, n_gates)
         self.weight_hh = nn.Parameter(torch.empty(n_gates, hidden_size))
         nn.init.uniform_(self.weight_hh, -hidden_size ** -0.5, hidden_size ** -0.5)
-        self.master = master
         self.master_net = None if master in ("recurrent", "none") else MasterGateNetwork(
             input_size, self.n_chunk, master, master_hidden_dim, conv_kernel_size, hidden_size)
+
+    @property
+    def recurrent_master(self) -> bool:
+        """ON-LSTM's master gates, read from h_{t−1} inside the loop."""
+        return self.master == "recurrent"
 
     def initial_state(self, x: Tensor) -> State:
         B = x.size(1)
@@ -173,7 +177,7 @@ class OrderedNeuronsLayer(nn.Module):
         """What does not depend on h: (gate input projections (T, B, G), FastTrees' master gates (f̃, ĩ), each
         (T, B, D_m), or ``None`` for ON-LSTM, the conv window to carry)."""
         if self.master == "none":  # decision 7: f̃ = ĩ = 1
-            ones = x.new_ones(x.size(0), x.size(1), self.n_chunk, dtype=torch.float32)
+            ones = x.new_ones(1, 1, self.n_chunk, dtype=torch.float32).expand(x.size(0), x.size(1), -1)
             return self.ih(x), (ones, ones), None
         if self.master_net is None:
             return self.ih(x), None, None
