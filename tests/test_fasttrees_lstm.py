@@ -192,6 +192,7 @@ def test_tied_output_layer_and_ptb_preset():
         0.45, 0.3, 0.5, 0.1, 0.45)
     assert [layer.hidden_size for layer in model.decoder.encoder.rnn.layers] == [1150, 1150, 400]
     assert model.decoder.output_projection is None and cfg.master == "ffn"
+    assert cfg.embed_init == "uniform" and model.decoder.encoder.embed_tokens.weight.abs().max() <= 0.1
     onlstm, _ = build("onlstm_lm_ptb", ["--hidden-size", 40], task="language_modeling")
     assert onlstm.decoder.encoder.cfg.hidden_size == 40  # a flag given beats the preset
 
@@ -237,7 +238,8 @@ def test_classifier_presets():
     model, _ = build("fasttrees_lstm_classifier_conv_logic", ["--criterion", "sentence_prediction", "--num-classes", 3],
                      task="sentence_prediction")
     assert (model.cfg.embed_dim, model.cfg.hidden_size, model.cfg.num_layers, model.cfg.chunk_size) == (128, 400, 1, 10)
-    assert model.cfg.master == "conv"
+    assert model.cfg.master == "conv" and model.cfg.embed_init == "normal"
+    assert 0.9 < model.encoder.embed_tokens.weight.std() < 1.1  # N(0, 1), not the language models' U(-0.1, 0.1)
     control, _ = build("lstm_classifier_logic", ["--criterion", "sentence_prediction", "--num-classes", 3],
                        task="sentence_prediction")
     layer = control.encoder.rnn.layers[0]

@@ -13,6 +13,11 @@ trained as both papers train it, by truncated backpropagation through time: each
 contiguous streams of the batch before, from the (detached) state that batch left, kept apart for training and
 evaluation and saved with every checkpoint (``bptt_lm``'s checkpoint state); with fairseq's ``language_modeling``
 each batch starts from a zero state.
+
+*Embedding initialisation* (``--embed-init``; neither paper states it for its classifiers): the language models
+draw the embeddings from U(−0.1, 0.1), AWD-LSTM's and ON-LSTM's language-model initialisation; the
+classifier presets draw them from N(0, 1), torch's ``nn.Embedding`` default: on the logic data the small
+uniform embeddings hold even a plain LSTM near the majority class for epochs (``docs/fasttrees.md``).
 """
 import logging
 from dataclasses import dataclass, field
@@ -21,7 +26,7 @@ from typing import Dict, Optional
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from fairseq.dataclass import FairseqDataclass
+from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 from fairseq.models import (BaseFairseqModel, FairseqIncrementalDecoder, FairseqLanguageModel, register_model,
                             register_model_architecture)
 from torch import Tensor
@@ -31,6 +36,8 @@ from ..tasks.bptt_lm import StreamMemoryModel
 from ..tasks.kinds import check_task_kind
 
 logger = logging.getLogger(__name__)
+
+EMBED_INIT_CHOICES = ChoiceEnum(["uniform", "normal"])
 
 
 @dataclass
@@ -52,6 +59,9 @@ class ONLSTMConfig(FairseqDataclass):
                 "last layer has --embed-dim units)"})
     classifier_hidden_dim: int = field(default=0, metadata={"help": "classifier MLP hidden size (0: hidden size)"})
     pooler_dropout: float = field(default=0.0, metadata={"help": "dropout in the classifier MLP"})
+    embed_init: EMBED_INIT_CHOICES = field(default="uniform", metadata={
+        "help": "word embedding initialisation: 'uniform' U(-0.1, 0.1), AWD-LSTM's language-model init; "
+                "'normal' N(0, 1), torch's nn.Embedding default (the classifier presets)"})
 
 
 def layer_sizes(cfg, tied_output):
@@ -88,7 +98,10 @@ class OrderedNeuronsEncoder(nn.Module):
         check_config(cfg)
         self.cfg, self.padding_idx = cfg, dictionary.pad()
         self.embed_tokens = nn.Embedding(len(dictionary), cfg.embed_dim, self.padding_idx)
-        nn.init.uniform_(self.embed_tokens.weight, -0.1, 0.1)
+        if cfg.embed_init == "uniform":
+            nn.init.uniform_(self.embed_tokens.weight, -0.1, 0.1)
+        else:
+            nn.init.normal_(self.embed_tokens.weight)
         self.rnn = OrderedNeuronsStack(layer_sizes(cfg, tied_output), cfg.chunk_size, weight_drop=cfg.weight_drop,
                                        hidden_dropout=cfg.hidden_dropout, **master_options(cfg))
         self.output_dim = self.rnn.layers[-1].hidden_size
@@ -284,9 +297,10 @@ def preset(model, name, **values):
 # 0.45 / 0.3 / 0.5 / 0.1 (output / hidden / input / embedding), weight drop 0.45, tied embeddings.
 PTB = dict(embed_dim=400, hidden_size=1150, num_layers=3, chunk_size=10, dropout=0.45, hidden_dropout=0.3,
            input_dropout=0.5, embed_dropout=0.1, weight_drop=0.45, untie_embeddings=False)
-# The FastTrees paper's logical-inference encoder: one layer, embedding 128, hidden 400, chunk 10, dropout 0.2.
+# The FastTrees paper's logical-inference encoder: one layer, embedding 128, hidden 400, chunk 10, dropout 0.2;
+# embeddings N(0, 1) (neither paper states the classifiers' initialisation; see the module docstring).
 LOGIC = dict(embed_dim=128, hidden_size=400, num_layers=1, chunk_size=10, dropout=0.2, hidden_dropout=0.2,
-             input_dropout=0.2, embed_dropout=0.0, weight_drop=0.2, pooler_dropout=0.2)
+             input_dropout=0.2, embed_dropout=0.0, weight_drop=0.2, pooler_dropout=0.2, embed_init="normal")
 
 preset("onlstm_lm", "onlstm_lm_ptb", **PTB)
 preset("onlstm_classifier", "onlstm_classifier_logic", **LOGIC)
