@@ -3,8 +3,9 @@
 
 Reads the run's ``train.log`` (fairseq's simple log: updates, epochs, validation accuracies, whether
 ``--patience`` stopped it) and ``validate.txt`` (``fairseq-validate`` on ``test_ops1`` … ``test_ops12``), writes
-``WORK/result.json`` and, with ``--results``, replaces the row of the same (arch, seed, size flags) in that JSON
-list (created if absent).  A run that stopped neither by ``--patience`` nor at ``--max-epoch`` was cut off: no
+``WORK/result.json`` and, with ``--results``, replaces the row of the same (arch, seed, size flags, embedding
+initialisation) in that JSON list (created if absent).  The embedding initialisation (``--embed-init``, set by the
+presets) is read from the configuration fairseq logs.  A run that stopped neither by ``--patience`` nor at ``--max-epoch`` was cut off: no
 row.
 """
 import os
@@ -24,6 +25,15 @@ def parse_validate(path):
     return {int(ops): float(acc) for ops, acc in found}
 
 
+def parse_embed_init(path):
+    """The run's ``--embed-init`` from the configuration at the top of fairseq's log."""
+    with open(path, encoding="utf-8") as f:
+        found = re.search(r"'embed_init': '?(\w+)", f.read())  # a ChoiceEnum: logged without quotes
+    if found is None:
+        raise SystemExit(f"logic_rows: {path} does not log an 'embed_init' (a run of a model without --embed-init)")
+    return found.group(1)
+
+
 def main(argv=None):
     args = run_arguments(__doc__.split("\n\n")[0], "--max-epoch", argv)
     updates, epochs, valid, early = parse_train_log(os.path.join(args.work, "train.log"), "accuracy")
@@ -31,12 +41,14 @@ def main(argv=None):
         raise SystemExit(f"logic_rows: {args.work} stopped at epoch {epochs}, neither by --patience nor at "
                          f"--max-epoch {args.max_epoch}: an interrupted run (run the command again)")
     by_ops = parse_validate(os.path.join(args.work, "validate.txt"))
-    row = {"arch": args.arch, "seed": args.seed, "size_flags": args.size_flags, "updates": updates,
+    log = os.path.join(args.work, "train.log")
+    row = {"arch": args.arch, "seed": args.seed, "size_flags": args.size_flags, "embed_init": parse_embed_init(log),
+           "updates": updates,
            "epochs": epochs, "converged": early, "best_valid_accuracy": max(valid),
            "accuracy_by_ops": by_ops, "accuracy_ops_1_6": sum(by_ops[k] for k in range(1, 7)) / 6,
            "accuracy_ops_7_12": sum(by_ops[k] for k in range(7, 13)) / 6, "train_seconds": train_seconds(args.work),
            "command": args.command + (f" (SIZE_FLAGS='{args.size_flags}')" if args.size_flags else "")}
-    record(args.work, row, args.results, key=lambda r: (r["size_flags"], r["arch"], r["seed"]))
+    record(args.work, row, args.results, key=lambda r: (r["size_flags"], r["embed_init"], r["arch"], r["seed"]))
 
 
 if __name__ == "__main__":

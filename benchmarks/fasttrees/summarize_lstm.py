@@ -9,7 +9,9 @@ have) into the paper-claims file.
         [--claims benchmarks/results/paper_claims.json]
 
 A logic row that stopped at ``--max-epoch`` while validation accuracy was still rising is marked "capped" in
-its table line (it is not a converged figure).
+its table line (it is not a converged figure).  Logic rows are grouped by their embedding initialisation
+(``--embed-init``); the claim compares FastTrees and ON-LSTM runs of one initialisation, the presets' current
+one (``normal``) when both models have runs with it.
 """
 import argparse
 import json
@@ -24,6 +26,7 @@ NAMES = {"onlstm_classifier_logic": "ON-LSTM", "fasttrees_lstm_classifier_logic"
          "fasttrees_lstm_classifier_conv_logic": "Conv. FastTrees", "lstm_classifier_logic": "LSTM (no master gates)",
          "onlstm_lm_ptb": "ON-LSTM", "fasttrees_lstm_lm_ptb": "FastTrees (FFN master gates)",
          "fasttrees_lstm_lm_conv_ptb": "Conv. FastTrees"}
+INIT_NAMES = {"normal": "N(0, 1)", "uniform": "U(±0.1)"}
 BASELINE = "onlstm_classifier_logic"
 FASTTREES = ("fasttrees_lstm_classifier_logic", "fasttrees_lstm_classifier_conv_logic")
 
@@ -48,15 +51,24 @@ def cell(values):
     return f"{mean:.1f}" + (f" ± {statistics.stdev(values):.1f}" if len(values) > 1 else "")
 
 
+def by_init(rows):
+    """{embedding initialisation: its rows}, the presets' current one (``normal``) first."""
+    inits = sorted({r["embed_init"] for r in rows}, key=lambda i: (i != "normal", i))
+    return {i: [r for r in rows if r["embed_init"] == i] for i in inits}
+
+
 def logic_table(rows):
-    lines = ["| model | seeds | epochs | " + " | ".join(str(k) for k in range(1, 13)) + " | mean 1–6 | mean 7–12 |",
-             "|---|---|---|" + "---|" * 14]
-    for arch, runs in by_arch(rows).items():
-        acc = lambda k: cell([r["accuracy_by_ops"][str(k)] for r in runs])  # noqa: E731
-        epochs = ", ".join(f"{r['epochs']}{'' if r['converged'] else ' (capped)'}" for r in runs)
-        lines.append(f"| {NAMES.get(arch, arch)} | {', '.join(str(r['seed']) for r in runs)} | {epochs} | "
-                     + " | ".join(acc(k) for k in range(1, 13))
-                     + f" | {cell([r['accuracy_ops_1_6'] for r in runs])} | {cell([r['accuracy_ops_7_12'] for r in runs])} |")
+    lines = ["| model | embeddings | seeds | epochs | " + " | ".join(str(k) for k in range(1, 13))
+             + " | mean 1–6 | mean 7–12 |", "|---|---|---|---|" + "---|" * 14]
+    for init, group in by_init(rows).items():
+        for arch, runs in by_arch(group).items():
+            acc = lambda k: cell([r["accuracy_by_ops"][str(k)] for r in runs])  # noqa: E731
+            epochs = ", ".join(f"{r['epochs']}{'' if r['converged'] else ' (capped)'}" for r in runs)
+            lines.append(f"| {NAMES.get(arch, arch)} | {INIT_NAMES.get(init, init)} | "
+                         f"{', '.join(str(r['seed']) for r in runs)} | {epochs} | "
+                         + " | ".join(acc(k) for k in range(1, 13))
+                         + f" | {cell([r['accuracy_ops_1_6'] for r in runs])} | "
+                           f"{cell([r['accuracy_ops_7_12'] for r in runs])} |")
     return "\n".join(lines)
 
 
@@ -76,7 +88,16 @@ def ptb_table(rows):
 
 
 def logic_claim(rows):
-    """The fasttrees_logic_12 row, or None without a FastTrees and an ON-LSTM run of a common seed."""
+    """The fasttrees_logic_12 row, or None without a FastTrees and an ON-LSTM run of a common seed and
+    embedding initialisation (the presets' current one when it has both)."""
+    for group in by_init(rows).values():
+        claim = _logic_claim(group)
+        if claim:
+            return claim
+    return None
+
+
+def _logic_claim(rows):
     runs = by_arch(rows)
     base = {r["seed"]: r for r in runs.get(BASELINE, [])}
     candidates = []
@@ -95,6 +116,7 @@ def logic_claim(rows):
             "baseline": [base[s]["accuracy_by_ops"]["12"] for s in seeds],
             "paper_value": 4.0, "paper_value_unit": "accuracy points, FastTrees minus ON-LSTM",
             "model": NAMES[arch], "seeds": seeds, "size_flags": base[seeds[0]]["size_flags"],
+            "embed_init": base[seeds[0]]["embed_init"],
             "converged": all(mine[s]["converged"] and base[s]["converged"] for s in seeds),
             "command": mine[seeds[0]]["command"].replace(f"{arch} {seeds[0]}", f"{arch} SEED")
                        + " (and onlstm_classifier_logic SEED)"}
