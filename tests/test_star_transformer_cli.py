@@ -371,7 +371,7 @@ def test_converged_script_runs_masked_summation(tmp_path):
     dev = [float(x) for x in re.findall(r"valid on 'valid' subset \| loss [\d.]+ \| mse ([\d.]+)",
                                         (tmp_path / "w" / "train_masked_sum.log").read_text())]
     assert row["best_dev"] == min(dev) and row["test"] > 0
-    assert row["command"].startswith("N=16 SAMPLES=64 MAX_EPOCH=2")
+    assert row["command"].startswith("N=16 SAMPLES=64 MAX_EPOCH=2") and row["lr"] == 1e-3
 
 
 def test_convergence_summary_pairs_seeds_and_writes_claims(tmp_path, capsys):
@@ -404,3 +404,30 @@ def test_convergence_summary_pairs_seeds_and_writes_claims(tmp_path, capsys):
     assert by_id["star_sst5"]["ours"] == [42.0, 41.0] and by_id["star_sst5"]["baseline"] == [40.0, 40.0]
     assert by_id["star_masked_sum"]["n"] == 100 and by_id["star_masked_sum"]["ours"] == [0.10, 0.12]
     assert "star_conll03" not in by_id  # no CoNLL rows yet
+
+
+def test_convergence_summary_reports_each_model_at_its_learning_rate_chosen_on_dev(tmp_path, capsys):
+    """Masked summation with runs at two learning rates: each model is reported at the one with the lower mean
+    dev MSE over the seeds both have (a lower test MSE at the other does not count), and the claim says which."""
+    import json
+
+    from tests.helpers.cli import load_script
+
+    def row(model, seed, lr, dev, test):
+        return {"task": "masked_sum", "n": 200, "lr": lr, "model": model, "seed": seed, "metric": "mse",
+                "best_dev": dev, "test": test, "epochs": 9, "converged": True}
+
+    rows = [row("star", 1, 1e-3, 0.04, 0.041), row("star", 2, 1e-3, 0.05, 0.052),
+            row("transformer", 1, 1e-3, 0.16, 0.01), row("transformer", 2, 1e-3, 1.49, 1.48),  # best test, worse dev
+            row("transformer", 1, 5e-4, 0.10, 0.11), row("transformer", 2, 5e-4, 0.12, 0.13),
+            row("transformer", 3, 5e-4, 9.0, 9.0)]  # a seed the other rate lacks: not in the choice
+    (tmp_path / "rows.json").write_text(json.dumps(rows))
+    claims = tmp_path / "claims.json"
+    load_script("benchmarks/star_transformer/summarize_converged.py").main(
+        ["--results", str(tmp_path / "rows.json"), "--claims", str(claims)])
+    out = capsys.readouterr().out
+    assert "| star (lr 0.001) | 1: 0.041, 2: 0.052 |" in out
+    assert "| transformer (lr 0.0005, chosen on mean dev mse: 0.0005: 0.11, 0.001: 0.825) | 1: 0.11, 2: 0.13, 3: 9 |" in out
+    (claim,) = json.load(open(claims))
+    assert claim["baseline"] == [0.11, 0.13] and claim["lr"] == {"star": 1e-3, "transformer": 5e-4}
+    assert claim["command"].startswith("N=200 LR=<star 0.001, transformer 0.0005> ")

@@ -5,7 +5,8 @@
 #   benchmarks/star_transformer/converged.sh TASK MODEL SEED [WORK]
 # TASK: sst5 (accuracy; examples/star_transformer/run_sst.sh) | conll03 (span F1; run_conll_ner.sh) |
 #       masked_sum (test MSE; sequence length N, default 200, k = 10 columns, SAMPLES (10k) per split generated
-#       from SEED; d 100, 2 layers, 4 heads, Adam 1e-3, batch 64; the Transformer with fairseq's FFN of 4d).
+#       from SEED; d 100, 2 layers, 4 heads, Adam lr LR (1e-3), batch 64; the Transformer with fairseq's FFN of 4d;
+#       a run per LR, its own WORK; summarize_converged.py reports each model at the LR with its best dev MSE).
 # MODEL: star | transformer.  Random embeddings (the paper's GloVe is not available here).
 # Resumable: run the same command again (fairseq-train continues from the run's checkpoint_last.pt; a run with a
 # row in WORK/result.json is not repeated).  Upserts its row in RESULTS (default
@@ -19,7 +20,9 @@ case "$TASK" in sst5 | conll03 | masked_sum) ;; *) echo "converged.sh: TASK must
 case "$MODEL" in star | transformer) ;; *) echo "converged.sh: MODEL must be star or transformer, got '$MODEL'" >&2; exit 2 ;; esac
 N=${N:-200}
 SAMPLES=${SAMPLES:-10000}  # masked_sum: samples per split (the paper's 10k)
-[ "$TASK" = masked_sum ] && name=${TASK}_n${N}_${MODEL}_s$SEED || name=${TASK}_${MODEL}_s$SEED
+LR=${LR:-1e-3}  # masked_sum: Adam's learning rate; summarize_converged.py picks each model's on dev among those run
+lr_tag=; [ "$LR" != 1e-3 ] && lr_tag=_lr$LR
+[ "$TASK" = masked_sum ] && name=${TASK}_n${N}_${MODEL}_s$SEED$lr_tag || name=${TASK}_${MODEL}_s$SEED
 export PYTHON=${PYTHON:-.venv/bin/python} WORK=${4:-benchmarks/work/star_converged/$name}
 unset VALIDATE_INTERVAL_UPDATES  # --patience counts validations: one per epoch
 export MODELS=$MODEL SEED MAX_EPOCH=${MAX_EPOCH:-50} PATIENCE=${PATIENCE:-5} MAX_UPDATE=${MAX_UPDATE:-1000000}
@@ -34,7 +37,7 @@ masked_sum() {
               --batch-size 64 --num-workers 0 --log-format simple)
   "$BIN/fairseq-train" "${data[@]}" --arch star_transformer --encoder-type "$MODEL" --encoder-embed-dim 100 \
       --encoder-layers 2 --encoder-attention-heads 4 --max-positions "$N" --dropout 0.1 --optimizer adam \
-      --lr 1e-3 --max-epoch "$MAX_EPOCH" --patience "$PATIENCE" --max-update "$MAX_UPDATE" --no-epoch-checkpoints \
+      --lr "$LR" --max-epoch "$MAX_EPOCH" --patience "$PATIENCE" --max-update "$MAX_UPDATE" --no-epoch-checkpoints \
       --log-interval 50 --save-dir "$WORK/ck" >> "$WORK/train_masked_sum.log" 2>&1  # appended: a resumed run keeps the log of its earlier epochs
   "$BIN/fairseq-validate" "${data[@]}" --path "$WORK/ck/checkpoint_best.pt" --valid-subset test \
       > "$WORK/test_masked_sum.log" 2>&1
@@ -46,8 +49,8 @@ case "$TASK" in
   masked_sum) masked_sum ;;
 esac
 echo $(( $(date +%s) - start )) >> "$WORK/train_seconds"
-n_flag=(); [ "$TASK" = masked_sum ] && n_flag=(--n "$N")
+n_flag=(); [ "$TASK" = masked_sum ] && n_flag=(--n "$N" --lr "$LR")
 "$PYTHON" benchmarks/star_transformer/converged_rows.py --work "$WORK" --task "$TASK" --model "$MODEL" --seed "$SEED" \
   "${n_flag[@]}" --max-epoch "$MAX_EPOCH" \
-  --command "$([ "$TASK" = masked_sum ] && echo "N=$N ")$([ "$SAMPLES" != 10000 ] && echo "SAMPLES=$SAMPLES ")MAX_EPOCH=$MAX_EPOCH PATIENCE=$PATIENCE benchmarks/star_transformer/converged.sh $TASK $MODEL $SEED" \
+  --command "$([ "$TASK" = masked_sum ] && echo "N=$N ")$([ -n "$lr_tag" ] && echo "LR=$LR ")$([ "$SAMPLES" != 10000 ] && echo "SAMPLES=$SAMPLES ")MAX_EPOCH=$MAX_EPOCH PATIENCE=$PATIENCE benchmarks/star_transformer/converged.sh $TASK $MODEL $SEED" \
   ${RESULTS:+--results "$RESULTS"}

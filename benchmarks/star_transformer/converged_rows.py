@@ -4,7 +4,8 @@ sequence length ``--n`` too; its metric, the MSE, is best when lowest).
 
 Reads the run's training log (``train_*.log``: updates, epochs, the dev metric per epoch, whether
 ``--patience`` stopped it) and test log (``test_*.log``: ``fairseq-validate`` of the best-dev checkpoint on
-test), writes ``WORK/result.json`` and, with ``--results``, replaces the row of the same (task, model, seed).
+test), writes ``WORK/result.json`` and, with ``--results``, replaces the row of the same (task, model, seed; and
+for masked summation n and learning rate).
 A run that stopped neither by ``--patience`` nor at ``--max-epoch`` was cut off: no row.
 """
 import argparse
@@ -33,6 +34,7 @@ def main(argv=None):
     p.add_argument("--model", choices=["star", "transformer"], required=True)
     p.add_argument("--seed", type=int, required=True)
     p.add_argument("--n", type=int, help="sequence length (masked_sum)")
+    p.add_argument("--lr", type=float, help="learning rate (masked_sum: a row per learning rate)")
     p.add_argument("--max-epoch", type=int, required=True)
     p.add_argument("--command", required=True)
     p.add_argument("--results", default=None)
@@ -47,14 +49,14 @@ def main(argv=None):
         test = re.findall(rf"valid on 'test' subset \|(?:[^\n]*?\|)? {metric} ([\d.]+) \|", f.read())
     if not test:
         raise SystemExit(f"converged_rows: {test_log} holds no test {metric}")
-    row = {"task": args.task, **({"n": args.n} if args.task == "masked_sum" else {}), "model": args.model,
+    row = {"task": args.task, **({"n": args.n, "lr": args.lr} if args.task == "masked_sum" else {}), "model": args.model,
            "seed": args.seed, "metric": metric, "updates": updates, "epochs": epochs, "converged": early,
            "best_dev": (min if metric == "mse" else max)(dev), "test": float(test[-1]),
            "train_seconds": train_seconds(args.work), "command": args.command}
     with open(os.path.join(args.work, "result.json"), "w") as f:
         json.dump(row, f, indent=1)
     if args.results:
-        upsert(args.results, [row], key=lambda r: (r["task"], r.get("n", 0), r["model"], r["seed"]))
+        upsert(args.results, [row], key=lambda r: (r["task"], r.get("n", 0), r.get("lr", 0), r["model"], r["seed"]))
     print(json.dumps(row))
 
 

@@ -6,12 +6,15 @@ per seed and its mean ± s.e., and Star − Transformer paired over the seeds bo
     python benchmarks/star_transformer/summarize_converged.py [--results JSON] \
         [--claims benchmarks/results/paper_claims.json]
 
-Runs that stopped at ``--max-epoch`` rather than by ``--patience`` are marked "capped".  ``--claims`` writes
-the rows ``star_sst5``, ``star_conll03`` and ``star_masked_sum`` (the longest n with >= 2 paired seeds) into
-the paper-claims file.
+Runs that stopped at ``--max-epoch`` rather than by ``--patience`` are marked "capped".  Where a model has
+runs at several learning rates (masked summation, ``LR=``), it is reported at the one whose runs have the best
+mean dev metric (chosen on dev, never on test), and the table says which it was.  ``--claims`` writes the rows
+``star_sst5``, ``star_conll03`` and ``star_masked_sum`` (the longest n with >= 2 paired seeds) into the
+paper-claims file.
 """
 import argparse
 import os
+import statistics
 import sys
 
 from user_dir.result_rows import mean_se, paired, paired_text, read_rows, upsert, verdict
@@ -29,12 +32,49 @@ CLAIMS = {
 }
 
 
+def dev_means(rows):
+    """{(task, n, model): {learning rate: mean best dev metric}} (no learning rate: ``None``), over the seeds that
+    every learning rate of the model has (all of each one's seeds if they share none)."""
+    runs = {}
+    for r in rows:
+        runs.setdefault((r["task"], r.get("n"), r["model"]), {}).setdefault(r.get("lr"), {})[r["seed"]] = r.get("best_dev")
+    means = {}
+    for key, by_lr in runs.items():
+        if len(by_lr) == 1:  # nothing to choose
+            means[key] = dict.fromkeys(by_lr)
+            continue
+        common = set.intersection(*(set(dev) for dev in by_lr.values()))
+        means[key] = {lr: statistics.mean(v for s, v in dev.items() if s in common or not common)
+                      for lr, dev in by_lr.items()}
+    return means
+
+
+def chosen_lr(means, metric):
+    """The learning rate whose runs have the best mean dev metric."""
+    best = max if HIGHER_IS_BETTER[metric] else min
+    return best(means, key=lambda lr: means[lr])
+
+
 def experiments(rows):
-    """{(task, n): {model: {seed: row}}}."""
+    """{(task, n): {model: {seed: row}}}, each model's rows at its learning rate chosen on dev."""
+    means = dev_means(rows)
     out = {}
     for r in rows:
-        out.setdefault((r["task"], r.get("n")), {}).setdefault(r["model"], {})[r["seed"]] = r
+        if r.get("lr") == chosen_lr(means[r["task"], r.get("n"), r["model"]], METRIC[r["task"]]):
+            out.setdefault((r["task"], r.get("n")), {}).setdefault(r["model"], {})[r["seed"]] = r
     return dict(sorted(out.items(), key=lambda kv: (kv[0][0], kv[0][1] or 0)))
+
+
+def lr_text(rows, task, n, model):
+    """`` (lr 0.001)``, with the dev means of every learning rate run when there are several; ``""`` without."""
+    means = dev_means(rows).get((task, n, model), {})
+    if None in means:
+        return ""
+    lr = chosen_lr(means, METRIC[task])
+    if len(means) == 1:
+        return f" (lr {lr:g})"
+    others = ", ".join(f"{x:g}: {m:.4g}" for x, m in sorted(means.items()))
+    return f" (lr {lr:g}, chosen on mean dev {METRIC[task]}: {others})"
 
 
 def compare(star, transformer, metric):
@@ -70,7 +110,7 @@ def markdown(rows):
             if model == "star" and comparison:
                 diff = paired_text(comparison)
                 verdict = comparison["verdict"]
-            lines.append(f"| {model} | {per_seed} | {mean:.4g}{'' if se is None else f' ± {se:.2g}'} | {epochs} "
+            lines.append(f"| {model}{lr_text(rows, task, n, model)} | {per_seed} | {mean:.4g}{'' if se is None else f' ± {se:.2g}'} | {epochs} "
                          f"| {diff} | {verdict} |")
     return "\n".join(lines).lstrip("\n")
 
@@ -84,14 +124,17 @@ def claim_rows(rows):
             continue
         n, models = max(paired_ok, key=lambda c: c[0] or 0)
         seeds = sorted(set(models["star"]) & set(models["transformer"]))
+        lrs = {m: models[m][seeds[0]].get("lr") for m in ("star", "transformer")}
+        lr_env = "" if set(lrs.values()) <= {None, 1e-3} else f"LR=<star {lrs['star']:g}, transformer {lrs['transformer']:g}> "
         row = {"id": cid, "paper": "Star-Transformer (Guo et al. 2019)", "claim": claim,
                "ours": [models["star"][s]["test"] for s in seeds],
                "baseline": [models["transformer"][s]["test"] for s in seeds], "paper_value": value, "seeds": seeds,
                "converged": all(models[m][s]["converged"] for m in ("star", "transformer") for s in seeds),
-               "command": f"{'N=' + str(n) + ' ' if n else ''}benchmarks/star_transformer/converged.sh {task} "
+               "command": f"{'N=' + str(n) + ' ' if n else ''}{lr_env}benchmarks/star_transformer/converged.sh {task} "
                           f"star|transformer SEED (random embeddings: no GloVe)"}
         if task == "masked_sum":
             row["n"] = n
+            row["lr"] = lrs
         out.append(row)
     return out
 
