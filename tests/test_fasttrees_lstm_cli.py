@@ -91,7 +91,7 @@ def test_logic_experiment_script_writes_a_row_per_operator_count(tmp_path):
     (row,) = json.load(open(results))
     assert (row["arch"], row["seed"], row["epochs"], row["converged"]) == ("fasttrees_lstm_classifier_conv_logic", 1,
                                                                           2, False)
-    assert row["embed_init"] == "normal"  # the _logic presets' initialisation, read from fairseq's log
+    assert row["embed_init"] == "normal" and row["lr"] == 3e-3  # the preset's and the script's, from fairseq's log
     assert sorted(map(int, row["accuracy_by_ops"])) == list(range(1, 13))
     assert all(0 <= a <= 100 for a in row["accuracy_by_ops"].values())
     log = (tmp_path / "w" / "train.log").read_text()
@@ -131,10 +131,10 @@ def test_lstm_summary_tables_and_logic_claim(tmp_path, capsys):
     fasttrees_logic_12 claim from the FastTrees variant best at 12 operators, over the seeds ON-LSTM also has."""
     from tests.helpers.cli import load_script
 
-    def logic(arch, seed, at12, converged=True, embed_init="normal"):
+    def logic(arch, seed, at12, converged=True, embed_init="normal", lr=3e-3, valid=80.0):
         by_ops = {str(k): 90.0 - k + (at12 - 78.0 if k == 12 else 0.0) for k in range(1, 13)}
-        return {"arch": arch, "seed": seed, "size_flags": "--hidden-size 200", "embed_init": embed_init,
-                "epochs": 9, "converged": converged,
+        return {"arch": arch, "seed": seed, "size_flags": "--hidden-size 200", "embed_init": embed_init, "lr": lr,
+                "best_valid_accuracy": valid, "epochs": 9, "converged": converged,
                 "accuracy_by_ops": by_ops, "accuracy_ops_1_6": 86.5, "accuracy_ops_7_12": 80.5,
                 "command": f"MAX_EPOCH=25 PATIENCE=5 benchmarks/fasttrees/logic_lstm.sh {arch} {seed}"}
 
@@ -143,14 +143,18 @@ def test_lstm_summary_tables_and_logic_claim(tmp_path, capsys):
             logic("fasttrees_lstm_classifier_conv_logic", 3, 99.0, converged=False),
             # runs of the other embedding initialisation: their own table lines, never compared across
             logic("onlstm_classifier_logic", 1, 10.0, embed_init="uniform"),
-            logic("fasttrees_lstm_classifier_logic", 1, 90.0, embed_init="uniform")]
+            logic("fasttrees_lstm_classifier_logic", 1, 90.0, embed_init="uniform"),
+            # ON-LSTM at a second learning rate: better at 12 operators, worse on validation, so not reported
+            logic("onlstm_classifier_logic", 1, 95.0, lr=1e-3, valid=60.0),
+            logic("onlstm_classifier_logic", 2, 95.0, lr=1e-3, valid=60.0)]
     (tmp_path / "logic.json").write_text(json.dumps(rows))
     claims = tmp_path / "claims.json"
     summary = load_script("benchmarks/fasttrees/summarize_lstm.py")
     summary.main(["--logic", str(tmp_path / "logic.json"), "--ptb", str(tmp_path / "none.json"),
                   "--claims", str(claims)])
     out = capsys.readouterr().out
-    (line,) = [x for x in out.splitlines() if x.startswith("| ON-LSTM | N(0, 1) |")]
+    (line,) = [x for x in out.splitlines()
+               if x.startswith("| ON-LSTM (lr 0.003, chosen on valid accuracy: 0.001: 60.0, 0.003: 80.0) | N(0, 1) |")]
     assert "| 1, 2 | 9, 9 |" in line and "| 71.0 ± 1.4 |" in line  # mean ± sd at 12 operators
     (line,) = [x for x in out.splitlines() if x.startswith("| ON-LSTM | U(±0.1) |")]
     assert "| 1 | 9 |" in line and "| 10.0 |" in line
@@ -159,7 +163,7 @@ def test_lstm_summary_tables_and_logic_claim(tmp_path, capsys):
     assert (claim["id"], claim["model"], claim["seeds"], claim["ours"], claim["baseline"]) == (
         "fasttrees_logic_12", "Conv. FastTrees", [1], [75.0], [70.0])
     assert claim["converged"] and "fasttrees_lstm_classifier_conv_logic SEED" in claim["command"]
-    assert claim["embed_init"] == "normal"
+    assert claim["embed_init"] == "normal" and claim["lr"] == {"ours": 3e-3, "baseline": 3e-3}
 
 
 def test_hydra_yaml_trains_both_cells_with_truncated_bptt(toy_lm_bin, tmp_path):

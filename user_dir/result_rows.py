@@ -100,3 +100,28 @@ def paired_text(comparison):
     """The paired difference as the summaries print it: ``+d ± se (t-test p, sign-flip p, ahead in k of n)``."""
     return (f"{comparison['diff']:+.3g} ± {comparison['se']:.2g} (t-test p = {comparison['t_p']:.3f}, sign-flip "
             f"p = {comparison['p']:.2f}, ahead in {comparison['ahead']} of {comparison['n']})")
+
+
+
+def dev_choice(dev_by_setting, higher_is_better=True):
+    """A setting chosen on dev (a learning rate, say): ``dev_by_setting`` {setting: {seed: best dev metric}} →
+    (the setting with the best mean, {setting: its mean}), the means taken over the seeds that every setting
+    has (over each one's own seeds if they share none), so that a seed run at one setting only cannot decide.
+    With one setting there is nothing to choose: its mean is ``None``."""
+    if len(dev_by_setting) == 1:
+        return next(iter(dev_by_setting)), dict.fromkeys(dev_by_setting)
+    common = set.intersection(*(set(dev) for dev in dev_by_setting.values()))
+    means = {setting: statistics.mean(v for seed, v in dev.items() if seed in common or not common)
+             for setting, dev in dev_by_setting.items()}
+    return (max if higher_is_better else min)(means, key=means.get), means
+
+
+def chosen_on_dev(rows, group, setting, dev, higher_is_better=True):
+    """Each group's rows at its setting chosen on dev (:func:`dev_choice`): ``group(row)`` names a row's group (a
+    model), ``setting(row)`` its setting (a learning rate), ``dev(row)`` its best dev metric.  Returns ({group:
+    (chosen setting, {setting: mean dev})}, the rows at the chosen settings)."""
+    runs = {}
+    for r in rows:
+        runs.setdefault(group(r), {}).setdefault(setting(r), {})[r["seed"]] = dev(r)
+    choice = {g: dev_choice(by_setting, higher_is_better) for g, by_setting in runs.items()}
+    return choice, [r for r in rows if setting(r) == choice[group(r)][0]]

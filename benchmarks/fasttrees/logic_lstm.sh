@@ -8,8 +8,8 @@
 # classifier without master gates, a standard LSTM).  SIZE_FLAGS adds or overrides flags for every arch;
 # its default "--hidden-size 200" halves the hidden size, so that 25 epochs fit ~2 hours of one core (the paper's
 # 400 takes ~7 CPU-minutes an epoch here).
-# Training: Adam lr LR (3e-3: after 2 epochs ON-LSTM is at 61.4% valid accuracy with it, at 58.6% with 1e-3, which
-# took 6 epochs to 63.5%), clip 1.0, batch BATCH (128); validation accuracy (the 10% held out) after every
+# Training: Adam lr LR (3e-3; a run per LR, in its own WORK: summarize_lstm.py reports each model at the LR with
+# its best validation accuracy), clip 1.0, batch BATCH (128); validation accuracy (the 10% held out) after every
 # epoch; stops when it has not improved for PATIENCE (5) epochs or after MAX_EPOCH (25); checkpoint_best.pt is
 # scored on test_ops1..test_ops12.  Brackets are kept (without them many labels are ambiguous).
 # Resumable: run the same command again (fairseq-train continues from WORK's checkpoint_last.pt, saved after every
@@ -28,8 +28,9 @@ case "$ARCH" in
 esac
 LOGIC=${LOGIC:-$SHARED/propositionallogic}
 DATA=${DATA:-benchmarks/work/logic_lstm_bin}
-WORK=${3:-benchmarks/work/logic_lstm/${ARCH}_s$SEED}
 LR=${LR:-3e-3}
+lr_tag=; [ "$LR" != 3e-3 ] && lr_tag=_lr$LR
+WORK=${3:-benchmarks/work/logic_lstm/${ARCH}_s$SEED$lr_tag}
 BATCH=${BATCH:-128}
 PATIENCE=${PATIENCE:-5}
 MAX_EPOCH=${MAX_EPOCH:-25}
@@ -57,6 +58,6 @@ SUBSETS=$(echo test_ops{1..12} | tr ' ' ',')
 "$BIN/fairseq-validate" "$DATA" --user-dir user_dir "${TASK[@]}" --path "$WORK/checkpoints/checkpoint_best.pt" \
   --valid-subset "$SUBSETS" --batch-size 256 --cpu --num-workers 0 > "$WORK/validate.txt" 2>&1
 "$PY" benchmarks/fasttrees/logic_rows.py --work "$WORK" --arch "$ARCH" --seed "$SEED" --max-epoch "$MAX_EPOCH" \
-  --command "MAX_EPOCH=$MAX_EPOCH PATIENCE=$PATIENCE benchmarks/fasttrees/logic_lstm.sh $ARCH $SEED" \
+  --command "$([ -n "$lr_tag" ] && echo "LR=$LR ")MAX_EPOCH=$MAX_EPOCH PATIENCE=$PATIENCE benchmarks/fasttrees/logic_lstm.sh $ARCH $SEED" \
   ${SIZE_FLAGS:+--size-flags "$SIZE_FLAGS"} \
   ${RESULTS:+--results "$RESULTS"}

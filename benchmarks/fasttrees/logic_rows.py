@@ -4,8 +4,8 @@
 Reads the run's ``train.log`` (fairseq's simple log: updates, epochs, validation accuracies, whether
 ``--patience`` stopped it) and ``validate.txt`` (``fairseq-validate`` on ``test_ops1`` … ``test_ops12``), writes
 ``WORK/result.json`` and, with ``--results``, replaces the row of the same (arch, seed, size flags, embedding
-initialisation) in that JSON list (created if absent).  The embedding initialisation (``--embed-init``, set by the
-presets) is read from the configuration fairseq logs.  A run that stopped neither by ``--patience`` nor at ``--max-epoch`` was cut off: no
+initialisation, learning rate) in that JSON list (created if absent).  The embedding initialisation
+(``--embed-init``, set by the presets) and the learning rate are read from the configuration fairseq logs.  A run that stopped neither by ``--patience`` nor at ``--max-epoch`` was cut off: no
 row.
 """
 import os
@@ -25,13 +25,15 @@ def parse_validate(path):
     return {int(ops): float(acc) for ops, acc in found}
 
 
-def parse_embed_init(path):
-    """The run's ``--embed-init`` from the configuration at the top of fairseq's log."""
+def logged_config(path):
+    """The run's ``--embed-init`` and learning rate, from the configuration at the top of fairseq's log."""
     with open(path, encoding="utf-8") as f:
-        found = re.search(r"'embed_init': '?(\w+)", f.read())  # a ChoiceEnum: logged without quotes
-    if found is None:
-        raise SystemExit(f"logic_rows: {path} does not log an 'embed_init' (a run of a model without --embed-init)")
-    return found.group(1)
+        text = f.read()
+    embed_init = re.search(r"'embed_init': '?(\w+)", text)  # a ChoiceEnum: logged without quotes
+    lr = re.search(r"'lr': \[([\d.e-]+)\]", text)
+    if embed_init is None or lr is None:
+        raise SystemExit(f"logic_rows: {path} does not log the configuration's 'embed_init' and 'lr'")
+    return embed_init.group(1), float(lr.group(1))
 
 
 def main(argv=None):
@@ -41,14 +43,14 @@ def main(argv=None):
         raise SystemExit(f"logic_rows: {args.work} stopped at epoch {epochs}, neither by --patience nor at "
                          f"--max-epoch {args.max_epoch}: an interrupted run (run the command again)")
     by_ops = parse_validate(os.path.join(args.work, "validate.txt"))
-    log = os.path.join(args.work, "train.log")
-    row = {"arch": args.arch, "seed": args.seed, "size_flags": args.size_flags, "embed_init": parse_embed_init(log),
+    embed_init, lr = logged_config(os.path.join(args.work, "train.log"))
+    row = {"arch": args.arch, "seed": args.seed, "size_flags": args.size_flags, "embed_init": embed_init, "lr": lr,
            "updates": updates,
            "epochs": epochs, "converged": early, "best_valid_accuracy": max(valid),
            "accuracy_by_ops": by_ops, "accuracy_ops_1_6": sum(by_ops[k] for k in range(1, 7)) / 6,
            "accuracy_ops_7_12": sum(by_ops[k] for k in range(7, 13)) / 6, "train_seconds": train_seconds(args.work),
            "command": args.command + (f" (SIZE_FLAGS='{args.size_flags}')" if args.size_flags else "")}
-    record(args.work, row, args.results, key=lambda r: (r["size_flags"], r["embed_init"], r["arch"], r["seed"]))
+    record(args.work, row, args.results, key=lambda r: (r["size_flags"], r["embed_init"], r["lr"], r["arch"], r["seed"]))
 
 
 if __name__ == "__main__":

@@ -210,11 +210,15 @@ def fasttrees_logic(results, plt):
 
 def fasttrees_lstm_logic(results, plt):
     """Test accuracy per operator count of the recurrent cells (``logic_lstm.sh`` rows; mean over seeds), the
-    runs of one embedding initialisation: the presets' current one (``normal``) where it has runs."""
+    runs of one embedding initialisation (the presets' current one, ``normal``, where it has runs), each model at
+    its learning rate chosen on validation accuracy."""
+    from user_dir.result_rows import chosen_on_dev
+
     with open(os.path.join(FASTTREES_RESULTS, "logic_lstm.json"), encoding="utf-8") as f:
         rows = json.load(f)
     init = "normal" if any(r["embed_init"] == "normal" for r in rows) else "uniform"
-    rows = [r for r in rows if r["embed_init"] == init]
+    _, rows = chosen_on_dev([r for r in rows if r["embed_init"] == init], group=lambda r: r["arch"],
+                            setting=lambda r: r["lr"], dev=lambda r: r["best_valid_accuracy"])
     names = {"onlstm_classifier_logic": ("ON-LSTM", "s-"), "fasttrees_lstm_classifier_logic": ("FastTrees", "o-"),
              "fasttrees_lstm_classifier_conv_logic": ("Conv. FastTrees", "^-"),
              "lstm_classifier_logic": ("LSTM (no master gates)", "d--")}

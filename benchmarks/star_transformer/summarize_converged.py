@@ -14,10 +14,9 @@ paper-claims file.
 """
 import argparse
 import os
-import statistics
 import sys
 
-from user_dir.result_rows import mean_se, paired, paired_text, read_rows, upsert, verdict
+from user_dir.result_rows import chosen_on_dev, mean_se, paired, paired_text, read_rows, upsert, verdict
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 METRIC = {"sst5": "accuracy", "conll03": "span_f1", "masked_sum": "mse"}
@@ -32,45 +31,32 @@ CLAIMS = {
 }
 
 
-def dev_means(rows):
-    """{(task, n, model): {learning rate: mean best dev metric}} (no learning rate: ``None``), over the seeds that
-    every learning rate of the model has (all of each one's seeds if they share none)."""
-    runs = {}
-    for r in rows:
-        runs.setdefault((r["task"], r.get("n"), r["model"]), {}).setdefault(r.get("lr"), {})[r["seed"]] = r.get("best_dev")
-    means = {}
-    for key, by_lr in runs.items():
-        if len(by_lr) == 1:  # nothing to choose
-            means[key] = dict.fromkeys(by_lr)
-            continue
-        common = set.intersection(*(set(dev) for dev in by_lr.values()))
-        means[key] = {lr: statistics.mean(v for s, v in dev.items() if s in common or not common)
-                      for lr, dev in by_lr.items()}
-    return means
-
-
-def chosen_lr(means, metric):
-    """The learning rate whose runs have the best mean dev metric."""
-    best = max if HIGHER_IS_BETTER[metric] else min
-    return best(means, key=lambda lr: means[lr])
+def lr_choices(rows):
+    """({(task, n, model): (its learning rate chosen on dev, {learning rate: mean best dev metric})}, the rows at
+    the chosen rates); rows without a learning rate have ``None``."""
+    choices, chosen = {}, []
+    for task in METRIC:
+        c, r = chosen_on_dev([r for r in rows if r["task"] == task], group=lambda r: (r["task"], r.get("n"), r["model"]),
+                             setting=lambda r: r.get("lr"), dev=lambda r: r.get("best_dev"),
+                             higher_is_better=HIGHER_IS_BETTER[METRIC[task]])
+        choices.update(c)
+        chosen += r
+    return choices, chosen
 
 
 def experiments(rows):
     """{(task, n): {model: {seed: row}}}, each model's rows at its learning rate chosen on dev."""
-    means = dev_means(rows)
     out = {}
-    for r in rows:
-        if r.get("lr") == chosen_lr(means[r["task"], r.get("n"), r["model"]], METRIC[r["task"]]):
-            out.setdefault((r["task"], r.get("n")), {}).setdefault(r["model"], {})[r["seed"]] = r
+    for r in lr_choices(rows)[1]:
+        out.setdefault((r["task"], r.get("n")), {}).setdefault(r["model"], {})[r["seed"]] = r
     return dict(sorted(out.items(), key=lambda kv: (kv[0][0], kv[0][1] or 0)))
 
 
 def lr_text(rows, task, n, model):
     """`` (lr 0.001)``, with the dev means of every learning rate run when there are several; ``""`` without."""
-    means = dev_means(rows).get((task, n, model), {})
-    if None in means:
+    lr, means = lr_choices(rows)[0][task, n, model]
+    if lr is None:
         return ""
-    lr = chosen_lr(means, METRIC[task])
     if len(means) == 1:
         return f" (lr {lr:g})"
     others = ", ".join(f"{x:g}: {m:.4g}" for x, m in sorted(means.items()))
