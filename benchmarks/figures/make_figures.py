@@ -242,10 +242,15 @@ def fasttrees_lstm_logic(results, plt):
 
 
 def star_masked_sum(results, plt):
-    """Test MSE of the masked-summation task by sequence length n (``converged.sh masked_sum`` rows): each seed
-    a dot, the mean a line; runs capped by ``--max-epoch`` drawn hollow."""
+    """Test MSE of the masked-summation task by sequence length n (``converged.sh masked_sum`` rows; each model
+    at its learning rate chosen on dev MSE): each seed a dot, the mean a line; runs capped by ``--max-epoch``
+    drawn hollow."""
+    from user_dir.result_rows import chosen_on_dev
+
     with open(os.path.join(STAR_RESULTS, "converged.json"), encoding="utf-8") as f:
         rows = [r for r in json.load(f) if r["task"] == "masked_sum"]
+    _, rows = chosen_on_dev(rows, group=lambda r: (r["n"], r["model"]), setting=lambda r: r["lr"],
+                            dev=lambda r: r["best_dev"], higher_is_better=False)
     fig, ax = plt.subplots(figsize=(6, 4))
     for model, (label, color) in {"star": ("Star-Transformer", "C0"), "transformer": ("Transformer", "C1")}.items():
         runs = [r for r in rows if r["model"] == model]
