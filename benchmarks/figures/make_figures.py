@@ -235,7 +235,7 @@ def fasttrees_lstm_logic(results, plt):
     ax.axvspan(6.5, 12.5, color="grey", alpha=0.12, label="longer than any training formula")
     size = rows[0]["size_flags"].replace("--hidden-size", "hidden").replace("--", "") if rows else ""
     ax.set(xlabel="number of operators", ylabel="test accuracy (%)",
-           title=f"Logical inference, siamese recurrent encoders, embedding 128 "
+           title=f"Logical inference, siamese recurrent encoders,\nembedding 128 "
                  f"{'N(0, 1)' if init == 'normal' else 'U(±0.1)'}, {size}".strip(", "))
     grid_and_legend(ax)
     return fig
