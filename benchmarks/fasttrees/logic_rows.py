@@ -5,8 +5,8 @@ Reads the run's ``train.log`` (fairseq's simple log: updates, epochs, validation
 ``--patience`` stopped it) and ``validate.txt`` (``fairseq-validate`` on ``test_ops1`` … ``test_ops12``), writes
 ``WORK/result.json`` and, with ``--results``, replaces the row of the same (arch, seed, size flags, embedding
 initialisation, learning rate) in that JSON list (created if absent).  The embedding initialisation
-(``--embed-init``, set by the presets) and the learning rate are read from the configuration fairseq logs.  A run that stopped neither by ``--patience`` nor at ``--max-epoch`` was cut off: no
-row.
+(``--embed-init``, set by the presets) and the learning rate are read from the configuration fairseq logs.  A
+run that stopped neither by ``--patience`` nor at ``--max-epoch`` was cut off: no row.
 """
 import os
 import re
@@ -45,8 +45,7 @@ def main(argv=None):
     by_ops = parse_validate(os.path.join(args.work, "validate.txt"))
     embed_init, lr = logged_config(os.path.join(args.work, "train.log"))
     row = {"arch": args.arch, "seed": args.seed, "size_flags": args.size_flags, "embed_init": embed_init, "lr": lr,
-           "updates": updates,
-           "epochs": epochs, "converged": early, "best_valid_accuracy": max(valid),
+           "updates": updates, "epochs": epochs, "converged": early, "best_valid_accuracy": max(valid),
            "accuracy_by_ops": by_ops, "accuracy_ops_1_6": sum(by_ops[k] for k in range(1, 7)) / 6,
            "accuracy_ops_7_12": sum(by_ops[k] for k in range(7, 13)) / 6, "train_seconds": train_seconds(args.work),
            "command": args.command + (f" (SIZE_FLAGS='{args.size_flags}')" if args.size_flags else "")}

@@ -36,31 +36,33 @@ def lr_choices(rows):
     the chosen rates); rows without a learning rate have ``None``."""
     choices, chosen = {}, []
     for task in METRIC:
-        c, r = chosen_on_dev([r for r in rows if r["task"] == task], group=lambda r: (r["task"], r.get("n"), r["model"]),
-                             setting=lambda r: r.get("lr"), dev=lambda r: r.get("best_dev"),
-                             higher_is_better=HIGHER_IS_BETTER[METRIC[task]])
-        choices.update(c)
-        chosen += r
+        task_choices, task_rows = chosen_on_dev(
+            [r for r in rows if r["task"] == task], group=lambda r: (r["task"], r.get("n"), r["model"]),
+            setting=lambda r: r.get("lr"), dev=lambda r: r.get("best_dev"),
+            higher_is_better=HIGHER_IS_BETTER[METRIC[task]])
+        choices.update(task_choices)
+        chosen += task_rows
     return choices, chosen
 
 
-def experiments(rows):
-    """{(task, n): {model: {seed: row}}}, each model's rows at its learning rate chosen on dev."""
+def experiments(chosen):
+    """{(task, n): {model: {seed: row}}} from the rows at the chosen learning rates (:func:`lr_choices`)."""
     out = {}
-    for r in lr_choices(rows)[1]:
+    for r in chosen:
         out.setdefault((r["task"], r.get("n")), {}).setdefault(r["model"], {})[r["seed"]] = r
     return dict(sorted(out.items(), key=lambda kv: (kv[0][0], kv[0][1] or 0)))
 
 
-def lr_text(rows, task, n, model):
-    """`` (lr 0.001)``, with the dev means of every learning rate run when there are several; ``""`` without."""
-    lr, means = lr_choices(rows)[0][task, n, model]
+def lr_text(choice, metric):
+    """`` (lr 0.001)`` for a model's (chosen learning rate, {rate: mean dev}), with the dev means of every rate run
+    when there are several; ``""`` without a learning rate."""
+    lr, means = choice
     if lr is None:
         return ""
     if len(means) == 1:
         return f" (lr {lr:g})"
     others = ", ".join(f"{x:g}: {m:.4g}" for x, m in sorted(means.items()))
-    return f" (lr {lr:g}, chosen on mean dev {METRIC[task]}: {others})"
+    return f" (lr {lr:g}, chosen on mean dev {metric}: {others})"
 
 
 def compare(star, transformer, metric):
@@ -77,7 +79,8 @@ def compare(star, transformer, metric):
 
 def markdown(rows):
     lines = []
-    for (task, n), models in experiments(rows).items():
+    choices, chosen = lr_choices(rows)
+    for (task, n), models in experiments(chosen).items():
         metric = METRIC[task]
         lines += ["", f"{TITLES[task]}{f', n = {n}' if n else ''}:", "",
                   "| model | test per seed | mean ± s.e. | epochs | Star − Transformer (paired) | verdict |",
@@ -96,15 +99,15 @@ def markdown(rows):
             if model == "star" and comparison:
                 diff = paired_text(comparison)
                 verdict = comparison["verdict"]
-            lines.append(f"| {model}{lr_text(rows, task, n, model)} | {per_seed} | {mean:.4g}{'' if se is None else f' ± {se:.2g}'} | {epochs} "
+            lines.append(f"| {model}{lr_text(choices[task, n, model], metric)} | {per_seed} | {mean:.4g}{'' if se is None else f' ± {se:.2g}'} | {epochs} "
                          f"| {diff} | {verdict} |")
     return "\n".join(lines).lstrip("\n")
 
 
 def claim_rows(rows):
-    out = []
+    out, runs = [], experiments(lr_choices(rows)[1])
     for task, (cid, claim, value) in CLAIMS.items():
-        candidates = [(n, models) for (t, n), models in experiments(rows).items() if t == task]
+        candidates = [(n, models) for (t, n), models in runs.items() if t == task]
         paired_ok = [(n, m) for n, m in candidates if compare(m.get("star", {}), m.get("transformer", {}), METRIC[task])]
         if not paired_ok:
             continue
