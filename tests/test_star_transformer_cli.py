@@ -408,7 +408,8 @@ def test_convergence_summary_pairs_seeds_and_writes_claims(tmp_path, capsys):
 
 def test_convergence_summary_reports_each_model_at_its_learning_rate_chosen_on_dev(tmp_path, capsys):
     """Masked summation with runs at two learning rates: each model is reported at the one with the lower mean
-    dev MSE over the seeds both have (a lower test MSE at the other does not count), and the claim says which."""
+    dev MSE over the seeds both have (a lower test MSE at the other does not count), and the claim says which;
+    a run whose dev MSE never fell below predicting the mean (10 / 12) is marked failed."""
     import json
 
     from tests.helpers.cli import load_script
@@ -417,7 +418,7 @@ def test_convergence_summary_reports_each_model_at_its_learning_rate_chosen_on_d
         return {"task": "masked_sum", "n": 200, "lr": lr, "model": model, "seed": seed, "metric": "mse",
                 "best_dev": dev, "test": test, "epochs": 9, "converged": True}
 
-    rows = [row("star", 1, 1e-3, 0.04, 0.041), row("star", 2, 1e-3, 0.05, 0.052),
+    rows = [row("star", 1, 1e-3, 0.04, 0.041), row("star", 2, 1e-3, 0.05, 0.052), row("star", 3, 1e-3, 0.8, 0.8),
             row("transformer", 1, 1e-3, 0.16, 0.01), row("transformer", 2, 1e-3, 1.49, 1.48),  # best test, worse dev
             row("transformer", 1, 5e-4, 0.10, 0.11), row("transformer", 2, 5e-4, 0.12, 0.13),
             row("transformer", 3, 5e-4, 9.0, 9.0)]  # a seed the other rate lacks: not in the choice
@@ -426,8 +427,10 @@ def test_convergence_summary_reports_each_model_at_its_learning_rate_chosen_on_d
     load_script("benchmarks/star_transformer/summarize_converged.py").main(
         ["--results", str(tmp_path / "rows.json"), "--claims", str(claims)])
     out = capsys.readouterr().out
-    assert "| star (lr 0.001) | 1: 0.041, 2: 0.052 |" in out
+    assert "| star (lr 0.001) | 1: 0.041, 2: 0.052, 3: 0.8 |" in out and "| 9, 9, 9 | " in out  # 0.8 < 10 / 12
     assert "| transformer (lr 0.0005, chosen on mean dev mse: 0.0005: 0.11, 0.001: 0.825) | 1: 0.11, 2: 0.13, 3: 9 |" in out
+    assert "| 9, 9, 9 (failed) |" in out
     (claim,) = json.load(open(claims))
-    assert claim["baseline"] == [0.11, 0.13] and claim["lr"] == {"star": 1e-3, "transformer": 5e-4}
+    assert claim["baseline"] == [0.11, 0.13, 9.0] and claim["lr"] == {"star": 1e-3, "transformer": 5e-4}
+    assert claim["failed_seeds"] == {"star": [], "transformer": [3]}
     assert claim["command"].startswith("N=200 LR=<star 0.001, transformer 0.0005> ")

@@ -246,6 +246,7 @@ def star_masked_sum(results, plt):
     at its learning rate chosen on dev MSE): each seed a dot, the mean a line; runs capped by ``--max-epoch``
     drawn hollow."""
     from user_dir.result_rows import chosen_on_dev
+    from user_dir.tasks.masked_summation import mean_predictor_mse
 
     with open(os.path.join(STAR_RESULTS, "converged.json"), encoding="utf-8") as f:
         rows = [r for r in json.load(f) if r["task"] == "masked_sum"]
@@ -259,7 +260,7 @@ def star_masked_sum(results, plt):
         ax.plot(ns, means, "-", color=color, label=f"{label} (mean over seeds)")
         for r in runs:
             ax.plot(r["n"], r["test"], "o", color=color, mfc=color if r["converged"] else "none")
-    ax.axhline(10 / 12, color="grey", ls=":", label="predicting the mean (variance of a sum of 10 U(0, 1))")
+    ax.axhline(mean_predictor_mse(10), color="grey", ls=":", label="predicting the mean (variance of a sum of 10 U(0, 1))")
     ax.set_xscale("log")
     ax.set(xlabel="sequence length n", ylabel="test MSE", title="Masked summation (k = 10), d 100, 2 layers")
     grid_and_legend(ax)

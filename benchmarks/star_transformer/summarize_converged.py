@@ -6,7 +6,9 @@ per seed and its mean ± s.e., and Star − Transformer paired over the seeds bo
     python benchmarks/star_transformer/summarize_converged.py [--results JSON] \
         [--claims benchmarks/results/paper_claims.json]
 
-Runs that stopped at ``--max-epoch`` rather than by ``--patience`` are marked "capped".  Where a model has
+Runs that stopped at ``--max-epoch`` rather than by ``--patience`` are marked "capped"; a masked-summation run
+whose best dev MSE is no better than predicting the targets' mean is marked "failed" in the table and listed
+under ``failed_seeds`` in its claim row (it still counts in the mean: it is what the model did).  Where a model has
 runs at several learning rates (masked summation, ``LR=``), it is reported at the one whose runs have the best
 mean dev metric (chosen on dev, never on test), and the table says which it was.  ``--claims`` writes the rows
 ``star_sst5``, ``star_conll03`` and ``star_masked_sum`` (the longest n with >= 2 paired seeds) into the
@@ -17,9 +19,11 @@ import os
 import sys
 
 from user_dir.result_rows import chosen_on_dev, mean_se, paired, paired_text, read_rows, upsert, verdict
+from user_dir.tasks.masked_summation import mean_predictor_mse
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 METRIC = {"sst5": "accuracy", "conll03": "span_f1", "masked_sum": "mse"}
+MEAN_PREDICTOR_MSE = {"masked_sum": mean_predictor_mse(10)}  # converged.sh's 10 masked positions
 HIGHER_IS_BETTER = {"accuracy": True, "span_f1": True, "mse": False}
 TITLES = {"sst5": "SST-5 test accuracy", "conll03": "CoNLL-2003 test span F1", "masked_sum": "masked summation test MSE"}
 CLAIMS = {
@@ -51,6 +55,17 @@ def experiments(chosen):
     for r in chosen:
         out.setdefault((r["task"], r.get("n")), {}).setdefault(r["model"], {})[r["seed"]] = r
     return dict(sorted(out.items(), key=lambda kv: (kv[0][0], kv[0][1] or 0)))
+
+
+def failed(row):
+    """Whether a run never beat predicting the mean (masked summation; see ``MEAN_PREDICTOR_MSE``)."""
+    dev = row.get("best_dev")
+    return row["task"] in MEAN_PREDICTOR_MSE and dev is not None and dev >= MEAN_PREDICTOR_MSE[row["task"]]
+
+
+def epochs_text(row):
+    """``"34"``, ``"50 (capped)"`` or ``"6 (failed)"``."""
+    return f"{row['epochs']}{'' if row['converged'] else ' (capped)'}{' (failed)' if failed(row) else ''}"
 
 
 def lr_text(choice, metric):
@@ -94,7 +109,7 @@ def markdown(rows):
             values = [runs[s]["test"] for s in seeds]
             mean, se = mean_se(values)
             per_seed = ", ".join(f"{s}: {v:g}" for s, v in zip(seeds, values))
-            epochs = ", ".join(f"{runs[s]['epochs']}{'' if runs[s]['converged'] else ' (capped)'}" for s in seeds)
+            epochs = ", ".join(epochs_text(runs[s]) for s in seeds)
             diff = verdict = "—"
             if model == "star" and comparison:
                 diff = paired_text(comparison)
@@ -124,6 +139,7 @@ def claim_rows(rows):
         if task == "masked_sum":
             row["n"] = n
             row["lr"] = lrs
+            row["failed_seeds"] = {m: [s for s in seeds if failed(models[m][s])] for m in ("star", "transformer")}
         out.append(row)
     return out
 

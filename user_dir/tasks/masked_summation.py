@@ -29,6 +29,12 @@ from fairseq.tasks import FairseqTask, register_task
 from omegaconf import II
 
 
+def mean_predictor_mse(num_masked):
+    """The MSE of always predicting the targets' mean: each target value is a sum of ``num_masked`` draws of
+    U(0, 1), whose variance is ``num_masked / 12``.  A model whose MSE is not below it has learnt nothing."""
+    return num_masked / 12
+
+
 class MaskedSummationDataset(FairseqDataset):
     def __init__(self, size, seq_len, min_seq_len, k, num_masked, seed):
         rng = np.random.RandomState(seed)
