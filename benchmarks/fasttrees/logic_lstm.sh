@@ -14,7 +14,8 @@
 # scored on test_ops1..test_ops12.  Brackets are kept (without them many labels are ambiguous).
 # Resumable: run the same command again (fairseq-train continues from WORK's checkpoint_last.pt, saved after every
 # epoch: no mid-epoch saves, since fairseq validates at every save and --patience counts validations, not epochs;
-# a finished training, WORK/train.done, is not repeated).
+# a finished training, WORK/train.done, is not repeated; one that stopped at its MAX_EPOCH rather than by the
+# patience rule is continued when the command is run again with a larger MAX_EPOCH).
 # Writes WORK/result.json and upserts its row in RESULTS (default benchmarks/fasttrees/results/logic_lstm.json).
 source "$(dirname "$0")/../../examples/fasttrees/common.sh"
 shopt -s inherit_errexit
@@ -44,6 +45,10 @@ if [ ! -f "$DATA/label/dict.txt" ]; then
 fi
 TASK=(--task sentence_pair_classification --num-classes 7 --max-positions 1024 --criterion sentence_prediction)
 mkdir -p "$WORK"
+if [ -f "$WORK/train.done" ] && [ "$MAX_EPOCH" -gt "$(cat "$WORK/train.done")" ] 2> /dev/null \
+    && ! grep -q "early stop since valid performance" "$WORK/train.log"; then
+  rm "$WORK/train.done"  # capped at a smaller MAX_EPOCH: fairseq-train continues from checkpoint_last.pt
+fi
 if [ ! -f "$WORK/train.done" ]; then
   start=$(date +%s)
   "$BIN/fairseq-train" "$DATA" --user-dir user_dir "${TASK[@]}" --arch "$ARCH" "${SIZE[@]}" \
@@ -52,7 +57,7 @@ if [ ! -f "$WORK/train.done" ]; then
     --save-dir "$WORK/checkpoints" --no-epoch-checkpoints --seed "$SEED" --num-workers 0 --cpu \
     --log-format simple --log-interval 100 >> "$WORK/train.log" 2>&1
   echo $(( $(date +%s) - start )) >> "$WORK/train_seconds"
-  touch "$WORK/train.done"
+  echo "$MAX_EPOCH" > "$WORK/train.done"
 fi
 SUBSETS=$(echo test_ops{1..12} | tr ' ' ',')
 "$BIN/fairseq-validate" "$DATA" --user-dir user_dir "${TASK[@]}" --path "$WORK/checkpoints/checkpoint_best.pt" \

@@ -2,8 +2,8 @@
 """The recurrent FastTrees / ON-LSTM tables from the experiments' rows: logical inference per operator count
 (``results/logic_lstm.json``, written by ``logic_lstm.sh``) and PTB perplexity + unsupervised parsing F1
 (``results/ptb_lstm.json``, written by ``ptb_lstm.sh``), as markdown; ``--claims`` writes the
-``fasttrees_logic_12`` row (accuracy at 12 operators, best FastTrees variant vs ON-LSTM, over the seeds both
-have) into the paper-claims file.
+``fasttrees_logic_12`` row (accuracy at 12 operators, FastTrees vs ON-LSTM, over the seeds both have; of the
+FastTrees variants, the one with the better mean validation accuracy) into the paper-claims file.
 
     python benchmarks/fasttrees/summarize_lstm.py [--logic JSON] [--ptb JSON] \
         [--claims benchmarks/results/paper_claims.json]
@@ -124,7 +124,8 @@ def _logic_claim(rows):
         seeds = sorted(s for s in (r["seed"] for r in runs.get(arch, [])) if s in base)
         if seeds:
             mine = {r["seed"]: r for r in runs[arch]}
-            candidates.append((statistics.mean(mine[s]["accuracy_by_ops"]["12"] for s in seeds), arch, seeds, mine))
+            # the variant is chosen on validation accuracy, never on the test sets the claim reports
+            candidates.append((statistics.mean(mine[s]["best_valid_accuracy"] for s in seeds), arch, seeds, mine))
     if not candidates:
         return None
     _, arch, seeds, mine = max(candidates)
