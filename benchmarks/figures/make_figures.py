@@ -10,6 +10,7 @@ rerunning a benchmark and updating its file regenerates the plot.
 import argparse
 import csv
 import json
+import logging
 import math
 import os
 import statistics
@@ -19,7 +20,7 @@ import textwrap
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 CAPSULE_SPEED = os.path.join(ROOT, "benchmarks", "capsule_transformer", "results")  # speed.py --out files
-FASTTREES_RESULTS = os.path.join(ROOT, "benchmarks", "fasttrees", "results")  # rows of logic_lstm.sh / ptb_lstm.sh
+FASTTREES_DIR = os.path.join(ROOT, "benchmarks", "fasttrees")  # logic_lstm.sh rows and summarize_lstm.py
 STAR_RESULTS = os.path.join(ROOT, "benchmarks", "star_transformer", "results")  # rows of converged.sh
 
 
@@ -210,33 +211,34 @@ def fasttrees_logic(results, plt):
 
 def fasttrees_lstm_logic(results, plt):
     """Test accuracy per operator count of the recurrent cells (``logic_lstm.sh`` rows; mean over seeds), the
-    runs of one embedding initialisation (the presets' current one, ``normal``, where it has runs), each model at
-    its learning rate chosen on validation accuracy."""
-    from user_dir.result_rows import chosen_on_dev
+    runs of one embedding initialisation and each model at its learning rate, chosen as the table and the claim
+    of ``summarize_lstm.py`` choose them."""
+    import importlib.util
 
-    with open(os.path.join(FASTTREES_RESULTS, "logic_lstm.json"), encoding="utf-8") as f:
-        rows = json.load(f)
-    init = "normal" if any(r["embed_init"] == "normal" for r in rows) else "uniform"
-    _, rows = chosen_on_dev([r for r in rows if r["embed_init"] == init], group=lambda r: r["arch"],
-                            setting=lambda r: r["lr"], dev=lambda r: r["best_valid_accuracy"])
-    names = {"onlstm_classifier_logic": ("ON-LSTM", "s-"), "fasttrees_lstm_classifier_logic": ("FastTrees", "o-"),
-             "fasttrees_lstm_classifier_conv_logic": ("Conv. FastTrees", "^-"),
-             "lstm_classifier_logic": ("LSTM (no master gates)", "d--")}
+    spec = importlib.util.spec_from_file_location("summarize_lstm", os.path.join(FASTTREES_DIR, "summarize_lstm.py"))
+    summary = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(summary)
+    rows = summary.load(os.path.join(FASTTREES_DIR, "results", "logic_lstm.json"))
+    if not rows:
+        raise FileNotFoundError(2, "no rows", os.path.join(FASTTREES_DIR, "results", "logic_lstm.json"))
+    init, rows = next(iter(summary.by_init(summary.at_chosen_lr(rows)[1]).items()))
+    styles = {"onlstm_classifier_logic": "s-", "fasttrees_lstm_classifier_logic": "o-",
+              "fasttrees_lstm_classifier_conv_logic": "^-", "lstm_classifier_logic": "d--"}
     ops = list(range(1, 13))
     fig, ax = plt.subplots(figsize=(7, 4))
-    for arch, (label, style) in names.items():
+    for arch, style in styles.items():
         runs = [r for r in rows if r["arch"] == arch]
         if runs:
             mean = [sum(r["accuracy_by_ops"][str(k)] for r in runs) / len(runs) for k in ops]
             seeds = ", ".join(str(r["seed"]) for r in runs)
-            ax.plot(ops, mean, style, label=f"{label} (seed{'s' if len(runs) > 1 else ''} {seeds})")
+            ax.plot(ops, mean, style, label=f"{summary.NAMES[arch]} (seed{'s' if len(runs) > 1 else ''} {seeds})")
     majority = read_csv(os.path.join(results, "fasttrees_logic.csv"))  # the same test sets
     ax.plot(ops, [num(r["majority"]) for r in majority], "k:", label="majority class")
     ax.axvspan(6.5, 12.5, color="grey", alpha=0.12, label="longer than any training formula")
-    size = rows[0]["size_flags"].replace("--hidden-size", "hidden").replace("--", "") if rows else ""
+    size = rows[0]["size_flags"].replace("--hidden-size", "hidden").replace("--", "")
     ax.set(xlabel="number of operators", ylabel="test accuracy (%)",
            title=f"Logical inference, siamese recurrent encoders,\nembedding 128 "
-                 f"{'N(0, 1)' if init == 'normal' else 'U(±0.1)'}, {size}".strip(", "))
+                 f"{summary.INIT_NAMES.get(init, init)}, {size}".strip(", "))
     grid_and_legend(ax)
     return fig
 
@@ -298,6 +300,7 @@ def main(argv=None):
     a = p.parse_args(argv)
     import matplotlib
 
+    logging.getLogger("matplotlib").setLevel(logging.WARNING)  # importing fairseq may leave the root at DEBUG
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
