@@ -147,3 +147,27 @@ def test_paired_statistics_and_verdict():
     assert paired([1.0, 5.0], [2.0, 3.0], higher_is_better=False)["ahead"] == 1  # an error: lower is ahead
     assert paired([1.0, 2.0], [2.0, 3.0], higher_is_better=False)["ahead"] == 2
     assert paired([1.0, 1.0], [1.0, 1.0])["t_p"] == 1.0
+
+
+def test_train_seconds_counts_every_start_of_a_resumed_run_and_no_idle_time(tmp_path):
+    """The result rows' training time comes from the fairseq-train log: a killed start counts up to its last
+    logged step, a later start from its configuration line, and neither the idle gap between them nor the
+    later start's import warnings count."""
+    from user_dir.result_rows import train_seconds
+
+    log = tmp_path / "train.log"
+    log.write_text(
+        "2026-01-01 10:00:00 | INFO | fairseq.tasks.text_to_speech | Please install tensorboardX\n"
+        "/site-packages/hydra/compose.py:56: UserWarning:\n"
+        "2026-01-01 10:00:02 | INFO | fairseq_cli.train | {'_name': None, 'common': {}}\n"
+        "2026-01-01 10:00:10 | INFO | fairseq.trainer | begin training epoch 1\n"
+        "2026-01-01 10:01:42 | INFO | train_inner | epoch 001:    100 / 954 loss=0.9\n"  # killed after this line
+        "2026-01-01 11:00:00 | INFO | fairseq.tasks.text_to_speech | Please install tensorboardX\n"
+        "2026-01-01 11:00:03 | INFO | fairseq_cli.train | {'_name': None, 'common': {}}\n"
+        "2026-01-01 11:00:04 | INFO | fairseq_cli.train | Start iterating over samples\n"
+        "2026-01-01 11:05:03 | INFO | valid | epoch 002 | valid on 'valid' subset | accuracy 80.1\n"
+        "2026-01-01 11:05:05 | INFO | fairseq_cli.train | done training in 301.0 seconds\n")
+    assert train_seconds(str(log)) == 100 + 302
+    (tmp_path / "empty.log").write_text("Traceback (most recent call last):\n")
+    assert train_seconds(str(tmp_path / "empty.log")) is None
+    assert train_seconds(str(tmp_path / "absent.log")) is None

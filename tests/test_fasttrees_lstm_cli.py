@@ -95,6 +95,7 @@ def test_logic_experiment_script_writes_a_row_per_operator_count(tmp_path):
     assert row["embed_init"] == "normal" and row["lr"] == 3e-3  # the preset's and the script's, from fairseq's log
     assert sorted(map(int, row["accuracy_by_ops"])) == list(range(1, 13))
     assert all(0 <= a <= 100 for a in row["accuracy_by_ops"].values())
+    first_seconds = row["train_seconds"]
     log = (tmp_path / "w" / "train.log").read_text()
     cli.run(cmd, env=env)
     assert (tmp_path / "w" / "train.log").read_text() == log
@@ -102,6 +103,7 @@ def test_logic_experiment_script_writes_a_row_per_operator_count(tmp_path):
     (row,) = json.load(open(results))
     log = (tmp_path / "w" / "train.log").read_text()
     assert (row["epochs"], row["converged"]) == (3, False) and "epoch 003 | valid" in log
+    assert row["train_seconds"] >= first_seconds >= 0  # both starts counted, from the log
     assert "epoch 001 | loss" not in log.split("epoch 002 | valid")[1]  # continued, not started again
     (tmp_path / "w" / "train.log").write_text(log.replace("end of epoch 3", "").split("epoch 003 | valid")[0])
     proc = cli.run(cmd, env=dict(env, MAX_EPOCH="3"), check=False)

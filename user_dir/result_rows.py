@@ -1,6 +1,7 @@
 """Result rows of the experiment scripts under ``benchmarks/`` and ``examples/``: one JSON list per experiment,
 one row per finished run, the reading of a ``fairseq-train`` log those rows are made from, and the statistics
 over seeds the summaries report (mean ± s.e., paired differences)."""
+import datetime
 import fcntl
 import itertools
 import json
@@ -51,13 +52,29 @@ def parse_train_log(path, metric):
     return valid[-1][2], valid[-1][0], [v for _, v, _ in valid], early
 
 
-def train_seconds(work):
-    """Seconds of training recorded by an experiment script in ``work/train_seconds`` (one line per start)."""
-    path = os.path.join(work, "train_seconds")
-    if not os.path.exists(path):
+TRAINING_LOGGERS = ("fairseq_cli.train", "fairseq.trainer", "fairseq.checkpoint_utils", "train_inner", "train", "valid")
+
+
+def train_seconds(log):
+    """Wall-clock seconds of training in the ``fairseq-train`` log at ``log``, every start of the run together
+    (a resumed run appends to its log): a start counts from its configuration line to its last line from the
+    training loop (``TRAINING_LOGGERS``), so a start that was killed counts up to its last logged step, and
+    neither the idle time before a later start nor that start's import warnings count.  None when the log
+    has no start."""
+    if not os.path.exists(log):
         return None
-    with open(path) as f:
-        return sum(int(x) for x in f.read().split())
+    spans = []  # [first, last] timestamp of each start
+    with open(log, encoding="utf-8", errors="replace") as f:
+        for line in f:
+            fields = re.match(r"(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d) \| \w+ \| ([\w.]+) \| (.)", line)
+            if not fields or fields.group(2) not in TRAINING_LOGGERS:
+                continue
+            when = datetime.datetime.strptime(fields.group(1), "%Y-%m-%d %H:%M:%S")
+            if fields.group(2) == "fairseq_cli.train" and fields.group(3) == "{":  # printed once per start
+                spans.append([when, when])
+            elif spans:
+                spans[-1][1] = when
+    return int(sum((last - first).total_seconds() for first, last in spans)) if spans else None
 
 
 def mean_se(values):

@@ -50,13 +50,11 @@ if [ -f "$WORK/train.done" ] && [ "$MAX_EPOCH" -gt "$(cat "$WORK/train.done")" ]
   rm "$WORK/train.done"  # capped at a smaller MAX_EPOCH: fairseq-train continues from checkpoint_last.pt
 fi
 if [ ! -f "$WORK/train.done" ]; then
-  start=$(date +%s)
   "$BIN/fairseq-train" "$DATA" --user-dir user_dir "${TASK[@]}" --arch "$ARCH" "${SIZE[@]}" \
     --optimizer adam --lr "$LR" --clip-norm 1.0 --batch-size "$BATCH" --max-epoch "$MAX_EPOCH" \
     --patience "$PATIENCE" --best-checkpoint-metric accuracy --maximize-best-checkpoint-metric \
     --save-dir "$WORK/checkpoints" --no-epoch-checkpoints --seed "$SEED" --num-workers 0 --cpu \
     --log-format simple --log-interval 100 >> "$WORK/train.log" 2>&1
-  echo $(( $(date +%s) - start )) >> "$WORK/train_seconds"
   echo "$MAX_EPOCH" > "$WORK/train.done"
 fi
 SUBSETS=$(echo test_ops{1..12} | tr ' ' ',')

@@ -38,16 +38,17 @@ def logged_config(path):
 
 def main(argv=None):
     args = run_arguments(__doc__.split("\n\n")[0], "--max-epoch", argv)
-    updates, epochs, valid, early = parse_train_log(os.path.join(args.work, "train.log"), "accuracy")
+    train_log = os.path.join(args.work, "train.log")
+    updates, epochs, valid, early = parse_train_log(train_log, "accuracy")
     if not early and epochs < args.max_epoch:
         raise SystemExit(f"logic_rows: {args.work} stopped at epoch {epochs}, neither by --patience nor at "
                          f"--max-epoch {args.max_epoch}: an interrupted run (run the command again)")
     by_ops = parse_validate(os.path.join(args.work, "validate.txt"))
-    embed_init, lr = logged_config(os.path.join(args.work, "train.log"))
+    embed_init, lr = logged_config(train_log)
     row = {"arch": args.arch, "seed": args.seed, "size_flags": args.size_flags, "embed_init": embed_init, "lr": lr,
            "updates": updates, "epochs": epochs, "converged": early, "best_valid_accuracy": max(valid),
            "accuracy_by_ops": by_ops, "accuracy_ops_1_6": sum(by_ops[k] for k in range(1, 7)) / 6,
-           "accuracy_ops_7_12": sum(by_ops[k] for k in range(7, 13)) / 6, "train_seconds": train_seconds(args.work),
+           "accuracy_ops_7_12": sum(by_ops[k] for k in range(7, 13)) / 6, "train_seconds": train_seconds(train_log),
            "command": args.command + (f" (SIZE_FLAGS='{args.size_flags}')" if args.size_flags else "")}
     record(args.work, row, args.results, key=lambda r: (r["size_flags"], r["embed_init"], r["lr"], r["arch"], r["seed"]))
 

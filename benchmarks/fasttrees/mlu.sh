@@ -28,7 +28,6 @@ if [ ! -f "$DATA/dict.src.txt" ]; then
 fi
 mkdir -p "$WORK"
 if [ ! -f "$WORK/train.done" ]; then
-  start=$(date +%s)
   "$BIN/fairseq-train" "$DATA" --user-dir user_dir --task translation --source-lang src --target-lang tgt \
     --arch "$ARCH" --encoder-layers 2 --decoder-layers 2 --encoder-embed-dim 128 --decoder-embed-dim 128 \
     --encoder-ffn-embed-dim 512 --decoder-ffn-embed-dim 512 --encoder-attention-heads 4 --decoder-attention-heads 4 \
@@ -37,7 +36,6 @@ if [ ! -f "$WORK/train.done" ]; then
     --label-smoothing 0.1 --max-tokens "$MAX_TOKENS" --max-update "$MAX_UPDATE" --seed "$SEED" \
     --save-dir "$WORK/checkpoints" --no-epoch-checkpoints --save-interval-updates 1000 --keep-interval-updates 1 \
     --num-workers 0 --cpu --log-format simple --log-interval 200 >> "$WORK/train.log" 2>&1
-  echo $(( $(date +%s) - start )) >> "$WORK/train_seconds"
   touch "$WORK/train.done"
 fi
 "$BIN/fairseq-generate" "$DATA" --user-dir user_dir --source-lang src --target-lang tgt \

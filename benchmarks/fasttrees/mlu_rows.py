@@ -38,7 +38,8 @@ def main(argv=None):
     args = p.parse_args(argv)
     accuracy, n = sequence_accuracy(os.path.join(args.work, "test.generate.txt"))
     row = {"arch": args.arch, "seed": args.seed, "updates": args.updates, "test_examples": n,
-           "sequence_accuracy": accuracy, "train_seconds": train_seconds(args.work), "command": args.command}
+           "sequence_accuracy": accuracy, "train_seconds": train_seconds(os.path.join(args.work, "train.log")),
+           "command": args.command}
     record(args.work, row, args.results, key=lambda r: (r["arch"], r["seed"], r["updates"]))
 
 

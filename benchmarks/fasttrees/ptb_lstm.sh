@@ -32,13 +32,11 @@ read -r -a SIZE <<< "$SIZE_FLAGS"
 [ -f "$DATA/dict.txt" ] || "$PY" preprocess/ptb_lm.py --ptb "$SHARED/ptb" --dest "$DATA" >&2
 mkdir -p "$WORK"
 if [ ! -f "$WORK/train.done" ]; then
-  start=$(date +%s)
   "$BIN/fairseq-train" "$DATA" --user-dir user_dir --task bptt_lm --arch "$ARCH" "${SIZE[@]}" \
     --tokens-per-sample 70 --batch-size 20 --optimizer sgd --lr "$LR" --weight-decay 1.2e-6 --clip-norm 0.25 \
     --lr-scheduler fixed --max-update "$MAX_UPDATE" --disable-validation --save-dir "$WORK/checkpoints" \
     --no-epoch-checkpoints --save-interval-updates 200 --keep-interval-updates 1 --seed "$SEED" --cpu \
     --num-workers 0 --log-format simple --log-interval 100 >> "$WORK/train.log" 2>&1
-  echo $(( $(date +%s) - start )) >> "$WORK/train_seconds"
   touch "$WORK/train.done"
 fi
 for split in valid test; do

@@ -38,7 +38,8 @@ def parsing_f1(path):
 
 def main(argv=None):
     args = run_arguments(__doc__.split("\n\n")[0], "--max-update", argv)
-    updates = [int(u) for u in re.findall(r"num_updates[= ](\d+)", read(os.path.join(args.work, "train.log")))]
+    train_log = os.path.join(args.work, "train.log")
+    updates = [int(u) for u in re.findall(r"num_updates[= ](\d+)", read(train_log))]
     if not updates or max(updates) < args.max_update:
         raise SystemExit(f"ptb_rows: {args.work} stopped at update {max(updates, default=0)} of {args.max_update}: "
                          "an interrupted run (run the command again)")
@@ -49,7 +50,7 @@ def main(argv=None):
            "test_ppl": perplexity(os.path.join(args.work, "eval_test.txt")),
            "parsing_f1": parsing, "parsing_sentences": sentences,
            "parsing_f1_wsj10": parsing10, "parsing_sentences_wsj10": sentences10,
-           "train_seconds": train_seconds(args.work), "command": args.command}
+           "train_seconds": train_seconds(train_log), "command": args.command}
     record(args.work, row, args.results, key=lambda r: (r["size_flags"], r["arch"], r["seed"]))
 
 

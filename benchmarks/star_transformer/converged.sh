@@ -42,13 +42,11 @@ masked_sum() {
   "$BIN/fairseq-validate" "${data[@]}" --path "$WORK/ck/checkpoint_best.pt" --valid-subset test \
       > "$WORK/test_masked_sum.log" 2>&1
 }
-start=$(date +%s)
 case "$TASK" in
   sst5) CLASSES=5 bash examples/star_transformer/run_sst.sh ;;
   conll03) bash examples/star_transformer/run_conll_ner.sh ;;
   masked_sum) masked_sum ;;
 esac
-echo $(( $(date +%s) - start )) >> "$WORK/train_seconds"
 n_flag=(); [ "$TASK" = masked_sum ] && n_flag=(--n "$N" --lr "$LR")
 "$PYTHON" benchmarks/star_transformer/converged_rows.py --work "$WORK" --task "$TASK" --model "$MODEL" --seed "$SEED" \
   "${n_flag[@]}" --max-epoch "$MAX_EPOCH" \

@@ -40,7 +40,8 @@ def main(argv=None):
     p.add_argument("--results", default=None)
     args = p.parse_args(argv)
     metric = METRIC[args.task]
-    updates, epochs, dev, early = parse_train_log(one(args.work, "train_*.log"), metric)
+    train_log = one(args.work, "train_*.log")
+    updates, epochs, dev, early = parse_train_log(train_log, metric)
     if not early and epochs < args.max_epoch:
         raise SystemExit(f"converged_rows: {args.work} stopped at epoch {epochs}, neither by --patience nor at "
                          f"--max-epoch {args.max_epoch}: an interrupted run (run the command again)")
@@ -52,7 +53,7 @@ def main(argv=None):
     row = {"task": args.task, **({"n": args.n, "lr": args.lr} if args.task == "masked_sum" else {}), "model": args.model,
            "seed": args.seed, "metric": metric, "updates": updates, "epochs": epochs, "converged": early,
            "best_dev": (min if metric == "mse" else max)(dev), "test": float(test[-1]),
-           "train_seconds": train_seconds(args.work), "command": args.command}
+           "train_seconds": train_seconds(train_log), "command": args.command}
     with open(os.path.join(args.work, "result.json"), "w") as f:
         json.dump(row, f, indent=1)
     if args.results:

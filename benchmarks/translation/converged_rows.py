@@ -33,7 +33,7 @@ def main(argv=None):
     p.add_argument("--results", default=None)
     args = p.parse_args(argv)
     updates, epochs, losses, early = parse_train_log(os.path.join(args.work, "train.log"), "loss")
-    seconds = train_seconds(args.work)
+    seconds = train_seconds(os.path.join(args.work, "train.log"))
     row = {
         "arch": args.arch, "routing": args.routing or None, "seed": args.seed, "updates": updates,
         "epochs": epochs, "converged": early, "best_valid_loss": min(losses),

@@ -66,9 +66,7 @@ train_cmd=("$BIN/fairseq-train" "$DATA" --user-dir user_dir --task translation -
   --save-dir "$WORK/checkpoints" --keep-last-epochs "$AVERAGE" --log-format simple --log-interval 50
   --num-workers 0 "${device[@]}")
 if [ ! -f "$WORK/train.done" ]; then
-  start=$(date +%s)
   "${train_cmd[@]}" >> "$WORK/train.log" 2>&1
-  echo $(( $(date +%s) - start )) >> "$WORK/train_seconds"
   touch "$WORK/train.done"
 fi
 "$PYTHON" examples/translation/average_checkpoints.py --inputs "$WORK/checkpoints" \
