@@ -136,6 +136,8 @@ def test_ring_wrap_links_first_and_last_token():
     ["--star-no-ring-wrap", "--star-activation", "leaky_relu", "--encoder-head-dim", "5"],
     ["--star-ring-core", "reference"],
     ["--encoder-type", "transformer"],  # the A/B baseline behind the same heads
+    ["--encoder-type", "lstm", "--encoder-layers", "2"],  # the recurrent baselines, reading real tokens only
+    ["--encoder-type", "bilstm", "--encoder-layers", "2"],
 ])
 def test_padding_invariance_classification(extra):
     """A sentence's logits and satellites alone equal those inside a right- or left-padded batch."""
@@ -513,7 +515,7 @@ def test_nli_checkpoint_without_features_flag_keeps_mult():
     assert model.cfg.nli_features == "mult"
 
 
-@pytest.mark.parametrize("encoder_type", ["star", "transformer"])
+@pytest.mark.parametrize("encoder_type", ["star", "transformer", "lstm", "bilstm"])
 def test_continuous_inputs_alone_equal_padded_batch(encoder_type):
     """Masked summation's continuous inputs (``--input-features``) through either encoder: a sequence's regression
     output alone equals its output in a right-padded batch (the padding is masked, not averaged in)."""
@@ -532,3 +534,26 @@ def test_continuous_inputs_alone_equal_padded_batch(encoder_type):
         for i, s in enumerate(seqs):
             alone, _ = model(src_features=s[None], src_lengths=torch.tensor([len(s)]), classification_head_name="sum")
             assert torch.allclose(alone[0], together[i], atol=1e-5), (encoder_type, i)
+
+
+@pytest.mark.parametrize("encoder_type", ["lstm", "bilstm"])
+def test_recurrent_baselines_read_left_to_right_and_back(encoder_type):
+    """--encoder-type lstm reads left to right: a change to the last input leaves every earlier output as it was;
+    bilstm also reads right to left: the first output changes too, in its second half (the backward direction)."""
+    model, _ = build("star_transformer", ["--encoder-type", encoder_type, "--input-features", 4, "--encoder-embed-dim",
+                                          8, "--encoder-layers", 1, "--dropout", 0])
+    model.eval()
+    x = torch.rand(1, 6, 4, generator=torch.Generator().manual_seed(3))
+    changed = x.clone()
+    changed[0, -1] += 1.0
+    with torch.no_grad():
+        before, _ = model(src_features=x, src_lengths=torch.tensor([6]))
+        after, _ = model(src_features=changed, src_lengths=torch.tensor([6]))
+    forward_half = slice(0, 8 if encoder_type == "lstm" else 4)
+    assert torch.equal(before[0, :5, forward_half], after[0, :5, forward_half])
+    assert (encoder_type == "bilstm") == (not torch.allclose(before[0, 0, 4:], after[0, 0, 4:]))
+
+
+def test_bilstm_needs_an_even_width():
+    with pytest.raises(ValueError, match="--encoder-type bilstm splits --encoder-embed-dim between two directions: 15"):
+        build("star_transformer", ["--encoder-type", "bilstm", "--input-features", 4, "--encoder-embed-dim", 15])

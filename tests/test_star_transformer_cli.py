@@ -357,17 +357,18 @@ def test_converged_experiment_script_writes_a_row(tmp_path):
     assert proc.returncode != 0 and "interrupted run" in proc.stderr
 
 
-def test_converged_script_runs_masked_summation(tmp_path):
-    """converged.sh masked_sum (tiny: n 16, 64 samples per split, 2 epochs) for the Transformer baseline on
-    continuous inputs: one row keyed by the sequence length, with the lowest dev MSE as best."""
+@pytest.mark.parametrize("model", ["transformer", "bilstm"])
+def test_converged_script_runs_masked_summation(model, tmp_path):
+    """converged.sh masked_sum (tiny: n 16, 64 samples per split, 2 epochs) for a baseline on continuous inputs
+    (the Transformer, the paper's BiLSTM): one row keyed by the sequence length, with the lowest dev MSE as best."""
     import json
 
     results = tmp_path / "rows.json"
     env = {"N": "16", "SAMPLES": "64", "MAX_EPOCH": "2", "RESULTS": str(results), "PYTHON": cli.tool("python")}
-    cli.run(["bash", os.path.join(cli.ROOT, "benchmarks/star_transformer/converged.sh"), "masked_sum", "transformer", 1,
+    cli.run(["bash", os.path.join(cli.ROOT, "benchmarks/star_transformer/converged.sh"), "masked_sum", model, 1,
              tmp_path / "w"], env=env)
     (row,) = json.load(open(results))
-    assert (row["task"], row["n"], row["model"], row["metric"], row["epochs"]) == ("masked_sum", 16, "transformer", "mse", 2)
+    assert (row["task"], row["n"], row["model"], row["metric"], row["epochs"]) == ("masked_sum", 16, model, "mse", 2)
     dev = [float(x) for x in re.findall(r"valid on 'valid' subset \| loss [\d.]+ \| mse ([\d.]+)",
                                         (tmp_path / "w" / "train_masked_sum.log").read_text())]
     assert row["best_dev"] == min(dev) and row["test"] > 0

@@ -255,8 +255,11 @@ def star_masked_sum(results, plt):
     _, rows = chosen_on_dev(rows, group=lambda r: (r["n"], r["model"]), setting=lambda r: r["lr"],
                             dev=lambda r: r["best_dev"], higher_is_better=False)
     fig, ax = plt.subplots(figsize=(6, 4))
-    for model, (label, color) in {"star": ("Star-Transformer", "C0"), "transformer": ("Transformer", "C1")}.items():
+    for model, (label, color) in {"star": ("Star-Transformer", "C0"), "transformer": ("Transformer", "C1"),
+                                  "lstm": ("LSTM", "C2"), "bilstm": ("BiLSTM", "C3")}.items():
         runs = [r for r in rows if r["model"] == model]
+        if not runs:
+            continue
         ns = sorted({r["n"] for r in runs})
         means = [statistics.mean(r["test"] for r in runs if r["n"] == n) for n in ns]
         ax.plot(ns, means, "-", color=color, label=f"{label} (mean over seeds)")

@@ -7,7 +7,8 @@
 #       masked_sum (test MSE; sequence length N, default 200, k = 10 columns, SAMPLES (10k) per split generated
 #       from SEED; d 100, 2 layers, 4 heads, Adam lr LR (1e-3), batch 64; the Transformer with fairseq's FFN of 4d;
 #       a run per LR, its own WORK; summarize_converged.py reports each model at the LR with its best dev MSE).
-# MODEL: star | transformer.  Random embeddings (the paper's GloVe is not available here).
+# MODEL: star | transformer, or (masked_sum only) lstm | bilstm: the paper's recurrent baselines there, 2 layers of
+# width 100 (a BiLSTM 50 per direction).  Random embeddings (the paper's GloVe is not available here).
 # Resumable: run the same command again (fairseq-train continues from the run's checkpoint_last.pt; a run with a
 # row in WORK/result.json is not repeated).  Upserts its row in RESULTS (default
 # benchmarks/star_transformer/results/converged.json).
@@ -17,7 +18,9 @@ TASK=${1:?usage: converged.sh TASK MODEL SEED [WORK]}
 MODEL=${2:?usage: converged.sh TASK MODEL SEED [WORK]}
 SEED=${3:?usage: converged.sh TASK MODEL SEED [WORK]}
 case "$TASK" in sst5 | conll03 | masked_sum) ;; *) echo "converged.sh: TASK must be sst5, conll03 or masked_sum, got '$TASK'" >&2; exit 2 ;; esac
-case "$MODEL" in star | transformer) ;; *) echo "converged.sh: MODEL must be star or transformer, got '$MODEL'" >&2; exit 2 ;; esac
+case "$MODEL" in star | transformer) ;; lstm | bilstm)
+  [ "$TASK" = masked_sum ] || { echo "converged.sh: MODEL $MODEL runs masked_sum only (the paper's recurrent baselines there)" >&2; exit 2; } ;;
+  *) echo "converged.sh: MODEL must be star, transformer, lstm or bilstm, got '$MODEL'" >&2; exit 2 ;; esac
 N=${N:-200}
 SAMPLES=${SAMPLES:-10000}  # masked_sum: samples per split (the paper's 10k)
 LR=${LR:-1e-3}  # masked_sum: Adam's learning rate; summarize_converged.py picks each model's on dev among those run

@@ -31,7 +31,7 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--work", required=True)
     p.add_argument("--task", choices=sorted(METRIC), required=True)
-    p.add_argument("--model", choices=["star", "transformer"], required=True)
+    p.add_argument("--model", choices=["star", "transformer", "lstm", "bilstm"], required=True)
     p.add_argument("--seed", type=int, required=True)
     p.add_argument("--n", type=int, help="sequence length (masked_sum)")
     p.add_argument("--lr", type=float, help="learning rate (masked_sum: a row per learning rate)")

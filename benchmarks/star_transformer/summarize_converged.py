@@ -35,6 +35,9 @@ CLAIMS = {
 }
 
 
+MODELS = ("star", "transformer", "lstm", "bilstm")  # the masked summation's recurrent baselines last
+
+
 def lr_choices(rows):
     """({(task, n, model): (its learning rate chosen on dev, {learning rate: mean best dev metric})}, the rows at
     the chosen rates); rows without a learning rate have ``None``."""
@@ -101,7 +104,7 @@ def markdown(rows):
                   "| model | test per seed | mean ± s.e. | epochs | Star − Transformer (paired) | verdict |",
                   "|---|---|---|---|---|---|"]
         comparison = compare(models.get("star", {}), models.get("transformer", {}), metric)
-        for model in ("star", "transformer"):
+        for model in MODELS:
             runs = models.get(model)
             if not runs:
                 continue

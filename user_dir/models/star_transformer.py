@@ -12,6 +12,9 @@ runs with fairseq's own ``sentence_prediction`` task and criterion, and with the
 * masked summation (paper Sec. 5.1): continuous inputs (``src_features``) -> regression
   (the task is :mod:`user_dir.tasks.masked_summation`).
 
+``--encoder-type transformer | lstm | bilstm`` puts the paper's baselines behind the same heads
+(:class:`BaselineTransformerEncoder`, :class:`BaselineLSTMEncoder`).
+
 The encoder itself, with the paper's update equations and the encoder's reconstruction decisions, lives in
 :mod:`user_dir.modules.star_transformer_layer`.
 
@@ -47,7 +50,7 @@ from ..tasks.kinds import check_task_kind
 
 logger = logging.getLogger(__name__)
 
-ENCODER_CHOICES = ChoiceEnum(["star", "transformer"])
+ENCODER_CHOICES = ChoiceEnum(["star", "transformer", "lstm", "bilstm"])
 POOLING_CHOICES = ChoiceEnum(["sum", "mean"])
 NLI_FEATURE_CHOICES = ChoiceEnum(["paper", "mult"])
 
@@ -57,8 +60,9 @@ class StarTransformerConfig(StarTransformerOptions):
     """The Star-Transformer stack's options (:class:`StarTransformerOptions`), then the embeddings and heads."""
 
     encoder_type: ENCODER_CHOICES = field(default="star", metadata={
-        "help": "star, or 'transformer': fairseq's TransformerEncoder of equal d/heads/layers (FFN "
-                "--encoder-ffn-embed-dim, default 4d) behind the same heads, as a baseline"})
+        "help": "star, or a baseline behind the same heads: 'transformer' (fairseq's TransformerEncoder of equal "
+                "d/heads/layers, FFN --encoder-ffn-embed-dim, default 4d), 'lstm' or 'bilstm' (recurrent layers "
+                "of width d, the paper's masked-summation baselines)"})
     word_embed_dim: int = field(default=0, metadata={
         "help": "word-vector size; 0 = encoder_embed_dim, otherwise a linear map to d (fastNLP StarTransEnc)"})
     pretrained_embeddings: Optional[str] = field(default=None, metadata={
@@ -131,12 +135,11 @@ def load_word_vectors(path, dictionary, embedding: nn.Embedding, normalize=False
     return found
 
 
-class StarTransformerEncoder(FairseqEncoder):
-    """Token (or feature) embeddings -> Star-Transformer; fairseq encoder_out layout (T x B x C).
-
-    Besides the satellites H^T in ``encoder_out``, the relay s^T is returned as
-    ``encoder_relay`` (B x C).
-    """
+class InputEncoder(FairseqEncoder):
+    """The encoders' common input layer: tokens through an embedding table (``--pretrained-embeddings`` filled,
+    ``--freeze-embeddings`` fixed; a linear map to d when ``--word-embed-dim`` differs), or continuous inputs
+    (``--input-features``, masked summation) through a linear map; :meth:`embed` gives B x T x d and the
+    padding mask."""
 
     def __init__(self, cfg, dictionary):
         super().__init__(dictionary)
@@ -155,9 +158,8 @@ class StarTransformerEncoder(FairseqEncoder):
             if cfg.freeze_embeddings:
                 self.embed_tokens.weight.requires_grad = False
             self.input_proj = nn.Linear(wdim, d) if wdim != d else None
-        self.star = StarTransformer(StarTransformerOptions.of(cfg))  # options older checkpoints lack: defaults
 
-    def forward(self, src_tokens=None, src_lengths=None, src_features=None, **kwargs):
+    def embed(self, src_tokens=None, src_lengths=None, src_features=None):
         if src_features is not None:
             if self.input_proj is None or self.embed_tokens is not None:
                 raise ValueError("src_features given, but the model was built for tokens (--input-features 0)")
@@ -167,23 +169,11 @@ class StarTransformerEncoder(FairseqEncoder):
                 pad_mask = torch.arange(n, device=x.device)[None, :] >= src_lengths.to(x.device)[:, None]
             else:
                 pad_mask = torch.zeros(B, n, dtype=torch.bool, device=x.device)
-        else:
-            if self.embed_tokens is None:
-                raise ValueError("this model takes continuous inputs (src_features), not src_tokens")
-            pad_mask = src_tokens.eq(self.padding_idx)
-            x = self.embed_tokens(src_tokens)
-            if self.input_proj is not None:
-                x = self.input_proj(x)
-        nodes, relay = self.star(x, pad_mask)
-        return {
-            "encoder_out": [nodes.transpose(0, 1)],  # T x B x C
-            "encoder_padding_mask": [pad_mask],  # B x T
-            "encoder_relay": [relay],  # B x C
-            "encoder_embedding": [x],
-            "encoder_states": [],
-            "src_tokens": [],
-            "src_lengths": [src_lengths] if src_lengths is not None else [],
-        }
+            return x, pad_mask
+        if self.embed_tokens is None:
+            raise ValueError("this model takes continuous inputs (src_features), not src_tokens")
+        x = self.embed_tokens(src_tokens)
+        return (self.input_proj(x) if self.input_proj is not None else x), src_tokens.eq(self.padding_idx)
 
     @torch.jit.export
     def reorder_encoder_out(self, encoder_out, new_order):
@@ -196,6 +186,76 @@ class StarTransformerEncoder(FairseqEncoder):
 
     def max_positions(self):
         return self.cfg.max_positions if self.cfg.max_positions > 0 else int(1e6)
+
+
+class StarTransformerEncoder(InputEncoder):
+    """Token (or feature) embeddings -> Star-Transformer; fairseq encoder_out layout (T x B x C).
+
+    Besides the satellites H^T in ``encoder_out``, the relay s^T is returned as
+    ``encoder_relay`` (B x C).
+    """
+
+    def __init__(self, cfg, dictionary):
+        super().__init__(cfg, dictionary)
+        self.star = StarTransformer(StarTransformerOptions.of(cfg))  # options older checkpoints lack: defaults
+
+    def forward(self, src_tokens=None, src_lengths=None, src_features=None, **kwargs):
+        x, pad_mask = self.embed(src_tokens, src_lengths, src_features)
+        nodes, relay = self.star(x, pad_mask)
+        return {
+            "encoder_out": [nodes.transpose(0, 1)],  # T x B x C
+            "encoder_padding_mask": [pad_mask],  # B x T
+            "encoder_relay": [relay],  # B x C
+            "encoder_embedding": [x],
+            "encoder_states": [],
+            "src_tokens": [],
+            "src_lengths": [src_lengths] if src_lengths is not None else [],
+        }
+
+
+class BaselineLSTMEncoder(InputEncoder):
+    """The paper's recurrent baselines of the masked summation (Sec. 5.1, Fig. 3a), behind the same heads:
+    ``--encoder-type lstm`` (left to right) or ``bilstm`` (both directions, d/2 each), ``--encoder-layers`` layers
+    of width d, dropout on the inputs and after every layer; ``encoder_relay`` is the mean of the outputs over
+    real tokens, so the sentence vector is mean + max pooling.  Each row's real tokens are read in their order
+    (and, backwards, in reverse) wherever its padding sits, so a sequence gives the same output alone and in a
+    left- or right-padded batch."""
+
+    def __init__(self, cfg, dictionary):
+        super().__init__(cfg, dictionary)
+        d, directions = cfg.encoder_embed_dim, 2 if cfg.encoder_type == "bilstm" else 1
+        if d % directions:
+            raise ValueError(f"--encoder-type bilstm splits --encoder-embed-dim between two directions: {d} is odd")
+        self.layers = nn.ModuleList(nn.ModuleList(nn.LSTM(d, d // directions, batch_first=True)
+                                                  for _ in range(directions)) for _ in range(cfg.encoder_layers))
+        self.dropout = nn.Dropout(cfg.dropout)
+
+    @staticmethod
+    def reading_orders(pad_mask, directions):
+        """Per row, the positions in reading order, real tokens first (then the pads): left to right, and for a
+        second direction right to left."""
+        n = pad_mask.size(1)
+        t = torch.arange(n, device=pad_mask.device).expand_as(pad_mask)
+        orders = [torch.where(pad_mask, n + t, t).argsort(1)]
+        if directions == 2:
+            orders.append(torch.where(pad_mask, n + t, n - 1 - t).argsort(1))
+        return orders
+
+    def forward(self, src_tokens=None, src_lengths=None, src_features=None, **kwargs):
+        x, pad_mask = self.embed(src_tokens, src_lengths, src_features)
+        x = self.dropout(x)
+        orders = self.reading_orders(pad_mask, len(self.layers[0]))
+        for layer in self.layers:
+            outputs = []
+            for lstm, order in zip(layer, orders):
+                read, _ = lstm(x.gather(1, order.unsqueeze(-1).expand_as(x)))  # pads last: they reach no token
+                outputs.append(torch.empty_like(read).scatter_(1, order.unsqueeze(-1).expand_as(read), read))
+            x = self.dropout(torch.cat(outputs, -1))
+        x = x.masked_fill(pad_mask.unsqueeze(-1), 0.0)
+        real = (~pad_mask).unsqueeze(-1).to(x.dtype)
+        relay = x.sum(1) / real.sum(1).clamp(min=1)
+        return {"encoder_out": [x.transpose(0, 1)], "encoder_padding_mask": [pad_mask], "encoder_relay": [relay],
+                "encoder_embedding": [], "encoder_states": [], "src_tokens": [], "src_lengths": []}
 
 
 class BaselineTransformerEncoder(FairseqEncoder):
@@ -250,7 +310,7 @@ class BaselineTransformerEncoder(FairseqEncoder):
                 "encoder_embedding": [], "encoder_states": [], "src_tokens": [], "src_lengths": []}
 
     def reorder_encoder_out(self, encoder_out, new_order):
-        return StarTransformerEncoder.reorder_encoder_out(self, encoder_out, new_order)
+        return InputEncoder.reorder_encoder_out(self, encoder_out, new_order)
 
     def max_positions(self):
         return self.cfg.max_positions
@@ -297,6 +357,8 @@ class StarTransformerModel(FairseqEncoderModel):
         dictionary = getattr(task, "source_dictionary", None)
         if cfg.encoder_type == "transformer":
             return cls(cfg, BaselineTransformerEncoder(cfg, dictionary))
+        if cfg.encoder_type in ("lstm", "bilstm"):
+            return cls(cfg, BaselineLSTMEncoder(cfg, dictionary))
         return cls(cfg, StarTransformerEncoder(cfg, dictionary))
 
     @classmethod
