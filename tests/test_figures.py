@@ -72,3 +72,26 @@ def test_recurrent_logic_table_matches_benchmarks():
     text = _benchmarks().splitlines()
     for line in table:
         assert line in text, line
+
+
+@pytest.mark.parametrize("script, results, section", [
+    ("benchmarks/fasttrees/summarize_mlu.py", "benchmarks/fasttrees/results/mlu.json", None),
+    ("benchmarks/star_transformer/summarize_converged.py", "benchmarks/star_transformer/results/converged.json",
+     "masked summation")])
+def test_converged_tables_match_benchmarks(script, results, section):
+    """BENCHMARKS.md shows the MLU and masked-summation tables as their summary scripts print them from the
+    committed rows (a row added to the results without updating the page fails here)."""
+    import json
+
+    from tests.helpers.cli import load_script
+
+    with open(os.path.join(ROOT, results), encoding="utf-8") as f:
+        out = load_script(script).markdown(json.load(f))
+    if section:  # only that experiment's tables: "title:", then its table
+        blocks = out.split("\n\n")
+        out = "\n".join(table for title, table in zip(blocks, blocks[1:]) if title.startswith(section))
+    text = _benchmarks().splitlines()
+    lines = [line for line in out.splitlines() if line.startswith("| ") and not line.startswith("| model")]
+    assert lines
+    for line in lines:
+        assert line in text, line

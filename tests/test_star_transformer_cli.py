@@ -422,7 +422,8 @@ def test_convergence_summary_reports_each_model_at_its_learning_rate_chosen_on_d
     rows = [row("star", 1, 1e-3, 0.04, 0.041), row("star", 2, 1e-3, 0.05, 0.052), row("star", 3, 1e-3, 0.8, 0.8),
             row("transformer", 1, 1e-3, 0.16, 0.01), row("transformer", 2, 1e-3, 1.49, 1.48),  # best test, worse dev
             row("transformer", 1, 5e-4, 0.10, 0.11), row("transformer", 2, 5e-4, 0.12, 0.13),
-            row("transformer", 3, 5e-4, 9.0, 9.0)]  # a seed the other rate lacks: not in the choice
+            row("transformer", 3, 5e-4, 9.0, 9.0),  # a seed the other rate lacks: not in the choice
+            row("lstm", 1, 1e-3, 0.9, 0.86), row("lstm", 2, 1e-3, 0.95, 0.91)]
     (tmp_path / "rows.json").write_text(json.dumps(rows))
     claims = tmp_path / "claims.json"
     load_script("benchmarks/star_transformer/summarize_converged.py").main(
@@ -434,4 +435,5 @@ def test_convergence_summary_reports_each_model_at_its_learning_rate_chosen_on_d
     (claim,) = json.load(open(claims))
     assert claim["baseline"] == [0.11, 0.13, 9.0] and claim["lr"] == {"star": 1e-3, "transformer": 5e-4}
     assert claim["failed_seeds"] == {"star": [], "transformer": [3]}
+    assert claim["recurrent_baselines"] == {"lstm": {"1": 0.86, "2": 0.91}}  # the paper's LSTM beside the pair
     assert claim["command"].startswith("N=200 LR=<star 0.001, transformer 0.0005> ")
