@@ -252,9 +252,8 @@ class BaselineLSTMEncoder(InputEncoder):
                 outputs.append(torch.empty_like(read).scatter_(1, order.unsqueeze(-1).expand_as(read), read))
             x = self.dropout(torch.cat(outputs, -1))
         x = x.masked_fill(pad_mask.unsqueeze(-1), 0.0)
-        real = (~pad_mask).unsqueeze(-1).to(x.dtype)
-        relay = x.sum(1) / real.sum(1).clamp(min=1)
-        return {"encoder_out": [x.transpose(0, 1)], "encoder_padding_mask": [pad_mask], "encoder_relay": [relay],
+        return {"encoder_out": [x.transpose(0, 1)], "encoder_padding_mask": [pad_mask],
+                "encoder_relay": [mean_over_real_tokens(x, pad_mask)],
                 "encoder_embedding": [], "encoder_states": [], "src_tokens": [], "src_lengths": []}
 
 
@@ -304,9 +303,8 @@ class BaselineTransformerEncoder(FairseqEncoder):
             features = self.input_proj(src_features)
         out = self.inner(src_tokens, src_lengths=src_lengths, token_embeddings=features)
         x, pad = out["encoder_out"][0], src_tokens.eq(self.dictionary.pad())
-        real = (~pad).t().unsqueeze(-1).to(x.dtype)
-        relay = (x * real).sum(0) / real.sum(0).clamp(min=1)
-        return {"encoder_out": [x], "encoder_padding_mask": [pad], "encoder_relay": [relay],
+        return {"encoder_out": [x], "encoder_padding_mask": [pad],
+                "encoder_relay": [mean_over_real_tokens(x.transpose(0, 1), pad)],
                 "encoder_embedding": [], "encoder_states": [], "src_tokens": [], "src_lengths": []}
 
     def reorder_encoder_out(self, encoder_out, new_order):
@@ -314,6 +312,13 @@ class BaselineTransformerEncoder(FairseqEncoder):
 
     def max_positions(self):
         return self.cfg.max_positions
+
+
+def mean_over_real_tokens(x, pad_mask):
+    """The baselines' ``encoder_relay``: the mean of B x T x C outputs over each row's real tokens (an all-pad
+    row gives 0)."""
+    real = (~pad_mask).unsqueeze(-1).to(x.dtype)
+    return (x * real).sum(1) / real.sum(1).clamp(min=1)
 
 
 def sentence_vector(encoder_out, pooling="sum"):
