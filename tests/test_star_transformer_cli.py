@@ -404,6 +404,8 @@ def test_convergence_summary_pairs_seeds_and_writes_claims(tmp_path, capsys):
     by_id = {c["id"]: c for c in json.load(open(claims))}
     assert by_id["star_sst5"]["ours"] == [42.0, 41.0] and by_id["star_sst5"]["baseline"] == [40.0, 40.0]
     assert by_id["star_masked_sum"]["n"] == 100 and by_id["star_masked_sum"]["ours"] == [0.10, 0.12]
+    assert by_id["star_masked_sum"]["by_n"] == {  # n = 200, one seed: not the claim's pair, but listed
+        "100": {"star": {"1": 0.10, "2": 0.12}, "transformer": {"1": 0.20, "2": 0.22}}, "200": {"star": {"1": 0.5}}}
     assert "star_conll03" not in by_id  # no CoNLL rows yet
 
 

@@ -11,8 +11,8 @@ whose best dev MSE is no better than predicting the targets' mean is marked "fai
 under ``failed_seeds`` in its claim row (it still counts in the mean: it is what the model did).  Where a model has
 runs at several learning rates (masked summation, ``LR=``), it is reported at the one whose runs have the best
 mean dev metric (chosen on dev, never on test), and the table says which it was.  ``--claims`` writes the rows
-``star_sst5``, ``star_conll03`` and ``star_masked_sum`` (the longest n with >= 2 paired seeds) into the
-paper-claims file.
+``star_sst5``, ``star_conll03`` and ``star_masked_sum`` (the longest n with >= 2 paired seeds; ``by_n`` holds every
+length's test MSE per model and seed) into the paper-claims file.
 """
 import argparse
 import os
@@ -146,6 +146,9 @@ def claim_rows(rows):
             row["failed_seeds"] = {m: [s for s in seeds if failed(models[m][s])] for m in ("star", "transformer")}
             row["recurrent_baselines"] = {m: {str(s): models[m][s]["test"] for s in sorted(models[m])}
                                           for m in ("lstm", "bilstm") if models.get(m)}  # per seed, at the same n
+            row["by_n"] = {str(k): {m: {str(s): r["test"] for s, r in sorted(by_model[m].items())}
+                                    for m in MODELS if by_model.get(m)}
+                           for k, by_model in sorted(candidates, key=lambda c: c[0])}  # every length run, per seed
         out.append(row)
     return out
 
