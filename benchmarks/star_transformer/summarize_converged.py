@@ -144,11 +144,11 @@ def claim_rows(rows):
             row["n"] = n
             row["lr"] = lrs
             row["failed_seeds"] = {m: [s for s in seeds if failed(models[m][s])] for m in ("star", "transformer")}
-            row["recurrent_baselines"] = {m: {str(s): models[m][s]["test"] for s in sorted(models[m])}
-                                          for m in ("lstm", "bilstm") if models.get(m)}  # per seed, at the same n
             row["by_n"] = {str(k): {m: {str(s): r["test"] for s, r in sorted(by_model[m].items())}
                                     for m in MODELS if by_model.get(m)}
                            for k, by_model in sorted(candidates, key=lambda c: c[0])}  # every length run, per seed
+            at_n = row["by_n"][str(n)]
+            row["recurrent_baselines"] = {m: at_n[m] for m in ("lstm", "bilstm") if m in at_n}  # the pair's n
         out.append(row)
     return out
 
