@@ -373,6 +373,8 @@ def test_converged_script_runs_masked_summation(model, tmp_path):
                                         (tmp_path / "w" / "train_masked_sum.log").read_text())]
     assert row["best_dev"] == min(dev) and row["test"] > 0
     assert row["command"].startswith("N=16 SAMPLES=64 MAX_EPOCH=2") and row["lr"] == 1e-3
+    # the command reproduces the row: a non-default results file and work directory are part of it
+    assert f"RESULTS={results} " in row["command"] and row["command"].endswith(f"masked_sum {model} 1 {tmp_path / 'w'}")
 
 
 def test_convergence_summary_pairs_seeds_and_writes_claims(tmp_path, capsys):

@@ -30,7 +30,8 @@ export PYTHON=${PYTHON:-.venv/bin/python} WORK=${4:-benchmarks/work/star_converg
 unset VALIDATE_INTERVAL_UPDATES  # --patience counts validations: one per epoch
 export MODELS=$MODEL SEED MAX_EPOCH=${MAX_EPOCH:-50} PATIENCE=${PATIENCE:-5} MAX_UPDATE=${MAX_UPDATE:-1000000}
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} MKL_NUM_THREADS=${MKL_NUM_THREADS:-1}
-RESULTS=${RESULTS-benchmarks/star_transformer/results/converged.json}
+default_results=benchmarks/star_transformer/results/converged.json
+RESULTS=${RESULTS-$default_results}
 [ -f "$WORK/result.json" ] && { cat "$WORK/result.json"; exit 0; }
 mkdir -p "$WORK"
 BIN=$(dirname "$PYTHON")
@@ -53,5 +54,5 @@ esac
 n_flag=(); [ "$TASK" = masked_sum ] && n_flag=(--n "$N" --lr "$LR")
 "$PYTHON" benchmarks/star_transformer/converged_rows.py --work "$WORK" --task "$TASK" --model "$MODEL" --seed "$SEED" \
   "${n_flag[@]}" --max-epoch "$MAX_EPOCH" \
-  --command "$([ "$TASK" = masked_sum ] && echo "N=$N ")$([ -n "$lr_tag" ] && echo "LR=$LR ")$([ "$SAMPLES" != 10000 ] && echo "SAMPLES=$SAMPLES ")MAX_EPOCH=$MAX_EPOCH PATIENCE=$PATIENCE benchmarks/star_transformer/converged.sh $TASK $MODEL $SEED" \
+  --command "$([ "$TASK" = masked_sum ] && echo "N=$N ")$([ -n "$lr_tag" ] && echo "LR=$LR ")$([ "$SAMPLES" != 10000 ] && echo "SAMPLES=$SAMPLES ")MAX_EPOCH=$MAX_EPOCH PATIENCE=$PATIENCE$([ "$RESULTS" != "$default_results" ] && echo " RESULTS=$RESULTS") benchmarks/star_transformer/converged.sh $TASK $MODEL $SEED${4:+ $4}" \
   ${RESULTS:+--results "$RESULTS"}
