@@ -246,7 +246,8 @@ def fasttrees_lstm_logic(results, plt):
 def star_masked_sum(results, plt):
     """Test MSE of the masked-summation task by sequence length n (``converged.sh masked_sum`` rows; each model
     at its learning rate chosen on dev MSE): each seed a dot, the mean a line; runs capped by ``--max-epoch``
-    drawn hollow."""
+    drawn hollow; the LSTM trained for a fixed 50 epochs without early stopping
+    (``masked_sum_no_early_stop.json``) dashed."""
     from user_dir.result_rows import chosen_on_dev
     from user_dir.tasks.masked_summation import mean_predictor_mse
 
@@ -254,7 +255,7 @@ def star_masked_sum(results, plt):
         rows = [r for r in json.load(f) if r["task"] == "masked_sum"]
     _, rows = chosen_on_dev(rows, group=lambda r: (r["n"], r["model"]), setting=lambda r: r["lr"],
                             dev=lambda r: r["best_dev"], higher_is_better=False)
-    fig, ax = plt.subplots(figsize=(6, 4))
+    fig, ax = plt.subplots(figsize=(10, 4))
     for model, (label, color) in {"star": ("Star-Transformer", "C0"), "transformer": ("Transformer", "C1"),
                                   "lstm": ("LSTM", "C2"), "bilstm": ("BiLSTM", "C3")}.items():
         runs = [r for r in rows if r["model"] == model]
@@ -265,10 +266,21 @@ def star_masked_sum(results, plt):
         ax.plot(ns, means, "-", color=color, label=f"{label} (mean over seeds)")
         for r in runs:
             ax.plot(r["n"], r["test"], "o", color=color, mfc=color if r["converged"] else "none")
+    no_stop, runs = os.path.join(STAR_RESULTS, "masked_sum_no_early_stop.json"), []
+    if os.path.exists(no_stop):
+        with open(no_stop, encoding="utf-8") as f:
+            runs = [r for r in json.load(f) if (r["model"], r["seed"]) == ("lstm", 1)]
+        runs.sort(key=lambda r: r["n"])
+        ax.plot([r["n"] for r in runs], [r["test"] for r in runs], "--", color="C2", marker="o", mfc="none",
+                label="LSTM, 50 epochs without early stopping (seed 1)")
     ax.axhline(mean_predictor_mse(10), color="grey", ls=":", label="predicting the mean (variance of a sum of 10 U(0, 1))")
     ax.set_xscale("log")
+    lengths = sorted({r["n"] for r in rows} | {r["n"] for r in runs})
+    ax.set_xticks(lengths, [str(n) for n in lengths])
+    ax.minorticks_off()
     ax.set(xlabel="sequence length n", ylabel="test MSE", title="Masked summation (k = 10), d 100, 2 layers")
-    grid_and_legend(ax)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.02, 1))
     return fig
 
 
