@@ -171,3 +171,22 @@ def test_train_seconds_counts_every_start_of_a_resumed_run_and_no_idle_time(tmp_
     (tmp_path / "empty.log").write_text("Traceback (most recent call last):\n")
     assert train_seconds(str(tmp_path / "empty.log")) is None
     assert train_seconds(str(tmp_path / "absent.log")) is None
+
+
+def test_train_log_stopped_by_patience_only_when_the_stop_follows_the_last_validation(tmp_path):
+    """A run that --patience stopped and that was then continued (a larger budget, or a minimum number of
+    epochs) is not "stopped by patience" unless its last validation was followed by the stop."""
+    from user_dir.result_rows import parse_train_log
+
+    def valid(epoch, acc, updates):
+        return (f"2026-01-01 10:00:00 | INFO | valid | epoch {epoch:03d} | valid on 'valid' subset | loss 1.4 | "
+                f"accuracy {acc} | wps 1 | num_updates {updates} | best_accuracy {acc}\n")
+
+    stop = "2026-01-01 10:00:00 | INFO | fairseq_cli.train | early stop since valid performance hasn't improved for last 5 runs\n"
+    log = tmp_path / "train.log"
+    log.write_text(valid(1, 58.4, 10) + valid(2, 59.1, 20) + stop)
+    assert parse_train_log(str(log), "accuracy") == (20, 2, [58.4, 59.1], True)
+    log.write_text(valid(1, 58.4, 10) + valid(2, 59.1, 20) + stop + valid(3, 70.0, 30))
+    assert parse_train_log(str(log), "accuracy") == (30, 3, [58.4, 59.1, 70.0], False)
+    log.write_text(log.read_text() + stop)
+    assert parse_train_log(str(log), "accuracy")[3] is True

@@ -110,6 +110,24 @@ def test_logic_experiment_script_writes_a_row_per_operator_count(tmp_path):
     assert proc.returncode != 0 and "interrupted run" in proc.stderr, (proc.stderr, (tmp_path / "w" / "validate.txt").read_text()[-3000:])
 
 
+def test_logic_experiment_script_trains_min_epoch_epochs_before_patience_can_stop(tmp_path):
+    """With learning rate 0 validation accuracy never improves, so --patience 1 alone would stop after epoch 2;
+    MIN_EPOCH=3 trains the first two epochs with the stop off and stops at epoch 3 (the count kept)."""
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    _fake_logic(raw, max_ops=12, lines=30)
+    results = tmp_path / "rows.json"
+    env = {"LOGIC": str(raw), "DATA": str(tmp_path / "bin"), "MIN_EPOCH": "3", "MAX_EPOCH": "6", "PATIENCE": "1",
+           "LR": "0", "BATCH": "64", "RESULTS": str(results), "SIZE_FLAGS": "--embed-dim 8 --hidden-size 10",
+           "PYTHON": cli.tool("python")}
+    cli.run(["bash", os.path.join(cli.ROOT, "benchmarks/fasttrees/logic_lstm.sh"), "onlstm_classifier_logic", 1,
+             tmp_path / "w"], env=env)
+    (row,) = json.load(open(results))
+    assert (row["epochs"], row["min_epoch"], row["converged"]) == (3, 3, True), row
+    assert row["command"].startswith("LR=0 MIN_EPOCH=3 MAX_EPOCH=6 PATIENCE=1 ")
+    assert "--patience: 1 validation(s) since the best" in (tmp_path / "w" / "train.log").read_text()
+
+
 def test_ptb_experiment_script_writes_perplexity_and_parsing_row(toy_lm_bin, tmp_path):
     """benchmarks/fasttrees/ptb_lstm.sh on the toy corpus (tiny size, 6 updates): the row holds valid/test
     perplexity and the parsing F1 of every layer beside both baselines; an interrupted run gives no row."""

@@ -40,15 +40,17 @@ def read_rows(path, parser, script):
 
 
 def parse_train_log(path, metric):
-    """(updates, epochs, the validation ``metric`` after each epoch in order, stopped by ``--patience``) of a
-    ``fairseq-train`` log written with ``--log-format simple``."""
+    """(updates, epochs, the validation ``metric`` after each epoch in order, stopped by ``--patience`` after
+    the last validation) of a ``fairseq-train`` log written with ``--log-format simple``."""
     with open(path, encoding="utf-8") as f:
         text = f.read()
-    valid = [(int(e), float(v), int(u)) for e, v, u in re.findall(
-        rf"epoch (\d+) \| valid on 'valid' subset \|(?:[^\n]*?\|)? {metric} ([\d.]+) \|[^\n]*?num_updates (\d+)", text)]
-    if not valid:
+    lines = list(re.finditer(
+        rf"epoch (\d+) \| valid on 'valid' subset \|(?:[^\n]*?\|)? {metric} ([\d.]+) \|[^\n]*?num_updates (\d+)", text))
+    if not lines:
         raise SystemExit(f"{path} holds no validation line with {metric}; did training run?")
-    early = "early stop since valid performance hasn't improved" in text
+    valid = [(int(m.group(1)), float(m.group(2)), int(m.group(3))) for m in lines]
+    # stopped by --patience after its last validation (a run stopped early once and then continued is not)
+    early = "early stop since valid performance hasn't improved" in text[lines[-1].end():]
     return valid[-1][2], valid[-1][0], [v for _, v, _ in valid], early
 
 

@@ -10,8 +10,11 @@
 # 400 takes ~7 CPU-minutes an epoch here).
 # Training: Adam lr LR (3e-3; a run per LR, in its own WORK: summarize_lstm.py reports each model at the LR with
 # its best validation accuracy), clip 1.0, batch BATCH (128); validation accuracy (the 10% held out) after every
-# epoch; stops when it has not improved for PATIENCE (5) epochs or after MAX_EPOCH (25); checkpoint_best.pt is
-# scored on test_ops1..test_ops12.  Brackets are kept (without them many labels are ambiguous).
+# epoch; stops when it has not improved for PATIENCE (5) epochs or after MAX_EPOCH (25), but never before
+# MIN_EPOCH (20) epochs: the models can sit near the majority class for several epochs before they learn, and
+# patience alone could end a run on that plateau (the count runs from the first epoch; the first MIN_EPOCH - 1
+# epochs are trained with the stop switched off).  checkpoint_best.pt is scored on test_ops1..test_ops12.
+# Brackets are kept (without them many labels are ambiguous).
 # Resumable: run the same command again (fairseq-train continues from WORK's checkpoint_last.pt, saved after every
 # epoch: no mid-epoch saves, since fairseq validates at every save and --patience counts validations, not epochs;
 # a finished training, WORK/train.done, is not repeated; one that stopped at its MAX_EPOCH rather than by the
@@ -34,6 +37,7 @@ lr_tag=; [ "$LR" != 3e-3 ] && lr_tag=_lr$LR
 WORK=${3:-benchmarks/work/logic_lstm/${ARCH}_s$SEED$lr_tag}
 BATCH=${BATCH:-128}
 PATIENCE=${PATIENCE:-5}
+MIN_EPOCH=${MIN_EPOCH:-20}
 MAX_EPOCH=${MAX_EPOCH:-25}
 MAX_TRAIN=${MAX_TRAIN:-0}
 RESULTS=${RESULTS-benchmarks/fasttrees/results/logic_lstm.json}
@@ -45,22 +49,33 @@ if [ ! -f "$DATA/label/dict.txt" ]; then
 fi
 TASK=(--task sentence_pair_classification --num-classes 7 --max-positions 1024 --criterion sentence_prediction)
 mkdir -p "$WORK"
+stopped_by_patience() {  # the log's last validation was followed by fairseq's early stop
+  awk '/valid on .valid. subset/ { v = NR } /early stop since valid performance/ { e = NR }
+       END { exit !(e > v) }' "$1"
+}
 if [ -f "$WORK/train.done" ] && [ "$MAX_EPOCH" -gt "$(cat "$WORK/train.done")" ] 2> /dev/null \
-    && ! grep -q "early stop since valid performance" "$WORK/train.log"; then
+    && ! stopped_by_patience "$WORK/train.log"; then
   rm "$WORK/train.done"  # capped at a smaller MAX_EPOCH: fairseq-train continues from checkpoint_last.pt
 fi
-if [ ! -f "$WORK/train.done" ]; then
+train() {  # MAX_EPOCH PATIENCE: fairseq-train, continuing from checkpoint_last.pt when there is one
   "$BIN/fairseq-train" "$DATA" --user-dir user_dir "${TASK[@]}" --arch "$ARCH" "${SIZE[@]}" \
-    --optimizer adam --lr "$LR" --clip-norm 1.0 --batch-size "$BATCH" --max-epoch "$MAX_EPOCH" \
-    --patience "$PATIENCE" --best-checkpoint-metric accuracy --maximize-best-checkpoint-metric \
+    --optimizer adam --lr "$LR" --clip-norm 1.0 --batch-size "$BATCH" --max-epoch "$1" \
+    --patience "$2" --best-checkpoint-metric accuracy --maximize-best-checkpoint-metric \
     --save-dir "$WORK/checkpoints" --no-epoch-checkpoints --seed "$SEED" --num-workers 0 --cpu \
     --log-format simple --log-interval 100 >> "$WORK/train.log" 2>&1
+}
+if [ ! -f "$WORK/train.done" ]; then
+  # epochs 1 .. MIN_EPOCH - 1: the patience count runs (it is kept in the checkpoints) but cannot stop training
+  no_stop=$(( MIN_EPOCH - 1 < MAX_EPOCH ? MIN_EPOCH - 1 : MAX_EPOCH ))
+  [ "$no_stop" -le 0 ] || train "$no_stop" 1000000000
+  train "$MAX_EPOCH" "$PATIENCE"
   echo "$MAX_EPOCH" > "$WORK/train.done"
 fi
 SUBSETS=$(echo test_ops{1..12} | tr ' ' ',')
 "$BIN/fairseq-validate" "$DATA" --user-dir user_dir "${TASK[@]}" --path "$WORK/checkpoints/checkpoint_best.pt" \
   --valid-subset "$SUBSETS" --batch-size 256 --cpu --num-workers 0 > "$WORK/validate.txt" 2>&1
 "$PY" benchmarks/fasttrees/logic_rows.py --work "$WORK" --arch "$ARCH" --seed "$SEED" --max-epoch "$MAX_EPOCH" \
-  --command "$([ -n "$lr_tag" ] && echo "LR=$LR ")MAX_EPOCH=$MAX_EPOCH PATIENCE=$PATIENCE benchmarks/fasttrees/logic_lstm.sh $ARCH $SEED" \
+  --min-epoch "$MIN_EPOCH" \
+  --command "$([ -n "$lr_tag" ] && echo "LR=$LR ")MIN_EPOCH=$MIN_EPOCH MAX_EPOCH=$MAX_EPOCH PATIENCE=$PATIENCE benchmarks/fasttrees/logic_lstm.sh $ARCH $SEED" \
   ${SIZE_FLAGS:+--size-flags "$SIZE_FLAGS"} \
   ${RESULTS:+--results "$RESULTS"}

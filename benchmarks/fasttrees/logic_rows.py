@@ -2,7 +2,8 @@
 """One finished run of ``benchmarks/fasttrees/logic_lstm.sh`` as a result row.
 
 Reads the run's ``train.log`` (fairseq's simple log: updates, epochs, validation accuracies, whether
-``--patience`` stopped it) and ``validate.txt`` (``fairseq-validate`` on ``test_ops1`` … ``test_ops12``), writes
+``--patience`` stopped it; the row also records the run's ``--min-epoch``, the epochs trained before
+``--patience`` could stop it) and ``validate.txt`` (``fairseq-validate`` on ``test_ops1`` … ``test_ops12``), writes
 ``WORK/result.json`` and, with ``--results``, replaces the row of the same (arch, seed, size flags, embedding
 initialisation, learning rate) in that JSON list (created if absent).  The embedding initialisation
 (``--embed-init``, set by the presets) and the learning rate are read from the configuration fairseq logs.  A
@@ -37,7 +38,7 @@ def logged_config(path):
 
 
 def main(argv=None):
-    args = run_arguments(__doc__.split("\n\n")[0], "--max-epoch", argv)
+    args = run_arguments(__doc__.split("\n\n")[0], "--max-epoch", argv, int_flags=["--min-epoch"])
     train_log = os.path.join(args.work, "train.log")
     updates, epochs, valid, early = parse_train_log(train_log, "accuracy")
     if not early and epochs < args.max_epoch:
@@ -46,7 +47,7 @@ def main(argv=None):
     by_ops = parse_validate(os.path.join(args.work, "validate.txt"))
     embed_init, lr = logged_config(train_log)
     row = {"arch": args.arch, "seed": args.seed, "size_flags": args.size_flags, "embed_init": embed_init, "lr": lr,
-           "updates": updates, "epochs": epochs, "converged": early, "best_valid_accuracy": max(valid),
+           "updates": updates, "epochs": epochs, "min_epoch": args.min_epoch, "converged": early, "best_valid_accuracy": max(valid),
            "accuracy_by_ops": by_ops, "accuracy_ops_1_6": sum(by_ops[k] for k in range(1, 7)) / 6,
            "accuracy_ops_7_12": sum(by_ops[k] for k in range(7, 13)) / 6, "train_seconds": train_seconds(train_log),
            "command": args.command + (f" (SIZE_FLAGS='{args.size_flags}')" if args.size_flags else "")}

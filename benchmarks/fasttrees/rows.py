@@ -15,9 +15,10 @@ def record(work, row, results, key):
     print(json.dumps(row))
 
 
-def run_arguments(description, budget_flag, argv=None):
+def run_arguments(description, budget_flag, argv=None, int_flags=()):
     """The arguments every experiment's row script takes: the run's directory, arch, seed, size flags and
-    command, its training budget (``budget_flag``: ``--max-epoch`` or ``--max-update``), the results list."""
+    command, its training budget (``budget_flag``: ``--max-epoch`` or ``--max-update``), the results list; and
+    the script's own integer flags ``int_flags`` (optional, default None)."""
     p = argparse.ArgumentParser(description=description)
     p.add_argument("--work", required=True)
     p.add_argument("--arch", required=True)
@@ -26,4 +27,6 @@ def run_arguments(description, budget_flag, argv=None):
     p.add_argument("--size-flags", default="")
     p.add_argument("--command", required=True)
     p.add_argument("--results", default=None)
+    for flag in int_flags:
+        p.add_argument(flag, type=int, default=None)
     return p.parse_args(argv)
