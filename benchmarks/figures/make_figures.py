@@ -33,6 +33,16 @@ def num(x):
     return float(x) if x not in ("", None) else math.nan
 
 
+def load_script(path):
+    """A benchmark's summary script as a module (they are scripts, not a package)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(os.path.splitext(os.path.basename(path))[0], path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def grid_and_legend(*axes, **grid):
     """The figures' common finish: a light grid (``grid`` as for ``Axes.grid``) and a small legend."""
     for ax in axes:
@@ -103,22 +113,49 @@ def txl_ptb(results, plt):
     return fig
 
 
+def bleu_per_seed(ax, series, title):
+    """BLEU per seed of each configuration (``series``: (label, marker, {seed: BLEU})), points side by side, and
+    each configuration's mean ± s.e. to the right of the seeds."""
+    seeds = sorted({s for _, _, by_seed in series for s in by_seed})
+    mean_x = max(seeds) + 1.2
+    for i, (label, marker, by_seed) in enumerate(series):
+        offset = (i - (len(series) - 1) / 2) * 0.15
+        y = [by_seed[s] for s in sorted(by_seed)]
+        mean = statistics.mean(y)
+        se = statistics.stdev(y) / math.sqrt(len(y)) if len(y) > 1 else None
+        spread = f" ± {se:.2f}" if se is not None else " (one seed)"
+        line, = ax.plot([s + offset for s in sorted(by_seed)], y, marker, label=f"{label}: {mean:.2f}{spread}")
+        ax.errorbar([mean_x + offset], [mean], yerr=None if se is None else [se], fmt=marker,
+                    color=line.get_color(), capsize=3)
+    ax.set_xticks(seeds + [mean_x], [str(s) for s in seeds] + ["mean ± s.e."])
+    ax.set(xlabel="seed", ylabel="test_2016_flickr BLEU", title=title)
+    grid_and_legend(ax, axis="y")
+
+
 def capsule_bleu_seeds(results, plt):
     rows = read_csv(os.path.join(results, "capsule_bleu_seeds.csv"))
-    seeds = [int(r["seed"]) for r in rows]
     fig, ax = plt.subplots(figsize=(7, 4))
     cols = (("transformer", "fairseq transformer", "s"), ("capsule_default", "capsule, enc + dec self-attn (default)", "o"),
             ("capsule_enc_self", "capsule, --routed-attention enc_self", "^"))
-    for i, (col, label, marker) in enumerate(cols):
-        y = [num(r[col]) for r in rows]
-        mean = sum(y) / len(y)
-        se = math.sqrt(sum((v - mean) ** 2 for v in y) / (len(y) - 1) / len(y))
-        x = [s + (i - 1) * 0.15 for s in seeds]
-        line, = ax.plot(x, y, marker, label=f"{label}: {mean:.2f} ± {se:.2f}")
-        ax.errorbar([7.2 + (i - 1) * 0.15], [mean], yerr=[se], fmt=marker, color=line.get_color(), capsize=3)
-    ax.set_xticks(seeds + [7.2], [str(s) for s in seeds] + ["mean ± s.e."])
-    ax.set(xlabel="seed", ylabel="test_2016_flickr BLEU", title="Multi30k En→De, 428 updates × 4,096 tokens")
-    grid_and_legend(ax, axis="y")
+    bleu_per_seed(ax, [(label, marker, {int(r["seed"]): num(r[col]) for r in rows}) for col, label, marker in cols],
+                  "Multi30k En→De, 428 updates × 4,096 tokens")
+    return fig
+
+
+def multi30k_converged(results, plt):
+    """Test BLEU per seed of each configuration trained to convergence (``multi30k_converged.sh`` rows, as
+    ``summarize_converged.py`` tables them: runs stopped by the patience rule only)."""
+    summary = load_script(os.path.join(ROOT, "benchmarks", "translation", "summarize_converged.py"))
+    path = os.path.join(ROOT, "benchmarks", "translation", "results", "multi30k_converged.json")
+    if not os.path.exists(path):
+        raise FileNotFoundError(2, "no rows", path)
+    with open(path, encoding="utf-8") as f:
+        table = summary.summarize(json.load(f))["configs"]
+    markers = {"transformer": "s", "capsule_transformer (enc_self)": "^", "capsule_transformer (default)": "o",
+               "fasttrees_transformer": "D"}
+    fig, ax = plt.subplots(figsize=(7, 4))
+    bleu_per_seed(ax, [(config, markers[config], dict(zip(e["seeds"], e["test_bleu"]))) for config, e in table.items()],
+                  "Multi30k En→De at convergence (patience 5 on valid loss,\nlast 5 epochs averaged, beam 5)")
     return fig
 
 
@@ -213,11 +250,7 @@ def fasttrees_lstm_logic(results, plt):
     """Test accuracy per operator count of the recurrent cells (``logic_lstm.sh`` rows; mean over seeds), the
     runs of one embedding initialisation and each model at its learning rate, chosen as the table and the claim
     of ``summarize_lstm.py`` choose them."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("summarize_lstm", os.path.join(FASTTREES_DIR, "summarize_lstm.py"))
-    summary = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(summary)
+    summary = load_script(os.path.join(FASTTREES_DIR, "summarize_lstm.py"))
     rows = summary.load(os.path.join(FASTTREES_DIR, "results", "logic_lstm.json"))
     if not rows:
         raise FileNotFoundError(2, "no rows", os.path.join(FASTTREES_DIR, "results", "logic_lstm.json"))
