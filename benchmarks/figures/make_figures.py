@@ -142,23 +142,6 @@ def capsule_bleu_seeds(results, plt):
     return fig
 
 
-def multi30k_converged(results, plt):
-    """Test BLEU per seed of each configuration trained to convergence (``multi30k_converged.sh`` rows, as
-    ``summarize_converged.py`` tables them: runs stopped by the patience rule only)."""
-    summary = load_script(os.path.join(ROOT, "benchmarks", "translation", "summarize_converged.py"))
-    path = os.path.join(ROOT, "benchmarks", "translation", "results", "multi30k_converged.json")
-    if not os.path.exists(path):
-        raise FileNotFoundError(2, "no rows", path)
-    with open(path, encoding="utf-8") as f:
-        table = summary.summarize(json.load(f))["configs"]
-    markers = {"transformer": "s", "capsule_transformer (enc_self)": "^", "capsule_transformer (default)": "o",
-               "fasttrees_transformer": "D"}
-    fig, ax = plt.subplots(figsize=(7, 4))
-    bleu_per_seed(ax, [(config, markers[config], dict(zip(e["seeds"], e["test_bleu"]))) for config, e in table.items()],
-                  "Multi30k En→De at convergence (patience 5 on valid loss,\nlast 5 epochs averaged, beam 5)")
-    return fig
-
-
 def capsule_speed(results, plt):
     """Capsule / vanilla ratios against source length, from ``benchmarks/capsule_transformer/speed.py --out``."""
     runs = (("base", "base (paper size), default routing", "o-"), ("multi30k", "multi30k, default routing", "s-"),
