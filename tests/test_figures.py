@@ -95,3 +95,21 @@ def test_converged_tables_match_benchmarks(script, results, section):
     assert lines
     for line in lines:
         assert line in text, line
+
+
+def test_multi30k_convergence_table_matches_benchmarks():
+    """BENCHMARKS.md shows the Multi30k convergence table as summarize_converged.py prints it from the committed
+    rows (a row added to the results without updating the page fails here)."""
+    import json
+
+    from tests.helpers.cli import load_script
+
+    with open(os.path.join(ROOT, "benchmarks", "translation", "results", "multi30k_converged.json"), encoding="utf-8") as f:
+        rows = json.load(f)
+    summary = load_script("benchmarks/translation/summarize_converged.py")
+    lines = [line for line in summary.markdown(summary.summarize(rows)).splitlines()
+             if line.startswith("| ") and not line.startswith("| configuration")]
+    assert lines
+    text = _benchmarks().splitlines()
+    for line in lines:
+        assert line in text, line

@@ -142,6 +142,21 @@ def capsule_bleu_seeds(results, plt):
     return fig
 
 
+def multi30k_converged(results, plt):
+    """Test BLEU per seed of the Multi30k runs trained to convergence (``multi30k_converged.sh`` rows, the
+    configurations of ``summarize_converged.py``'s table)."""
+    path = os.path.join(ROOT, "benchmarks", "translation", "results", "multi30k_converged.json")
+    summary = load_script(os.path.join(ROOT, "benchmarks", "translation", "summarize_converged.py"))
+    with open(path, encoding="utf-8") as f:
+        configs = summary.summarize(json.load(f))["configs"]
+    markers = {"transformer": "s", "capsule_transformer (enc_self)": "^", "capsule_transformer (default)": "o",
+               "fasttrees_transformer": "D"}
+    fig, ax = plt.subplots(figsize=(7, 4))
+    bleu_per_seed(ax, [(config, markers[config], dict(zip(e["seeds"], e["test_bleu"]))) for config, e in configs.items()],
+                  "Multi30k En→De, trained until validation loss stopped improving")
+    return fig
+
+
 def capsule_speed(results, plt):
     """Capsule / vanilla ratios against source length, from ``benchmarks/capsule_transformer/speed.py --out``."""
     runs = (("base", "base (paper size), default routing", "o-"), ("multi30k", "multi30k, default routing", "s-"),
@@ -318,7 +333,8 @@ def mtn_metrics(results, plt):
 
 
 FIGURES = {"star_scaling": star_scaling, "txl_eval_speedup": txl_eval_speedup, "txl_ptb": txl_ptb,
-           "capsule_bleu_seeds": capsule_bleu_seeds, "capsule_routing": capsule_routing, "capsule_speed": capsule_speed,
+           "capsule_bleu_seeds": capsule_bleu_seeds, "multi30k_converged": multi30k_converged,
+           "capsule_routing": capsule_routing, "capsule_speed": capsule_speed,
            "fasttrees_logic": fasttrees_logic, "fasttrees_tree": fasttrees_tree, "mtn_metrics": mtn_metrics,
            "star_masked_sum": star_masked_sum, "fasttrees_lstm_logic": fasttrees_lstm_logic}
 

@@ -76,7 +76,7 @@ score() {  # split -> sacreBLEU of the averaged model, beam 5
     --beam 5 --lenpen "$LENPEN" --batch-size 128 --remove-bpe subword_nmt "${device[@]}" > "$WORK/$1.generate.txt"
   grep ^H- "$WORK/$1.generate.txt" | sort -V | cut -f3 > "$WORK/$1.hyp"
   grep ^T- "$WORK/$1.generate.txt" | sort -V | cut -f2 > "$WORK/$1.ref"
-  "$BIN/sacrebleu" "$WORK/$1.ref" -i "$WORK/$1.hyp" -b
+  "$BIN/sacrebleu" "$WORK/$1.ref" -i "$WORK/$1.hyp" -b -w 2
 }
 valid_bleu=$(score valid)
 test_bleu=$(score test)
