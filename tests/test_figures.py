@@ -41,6 +41,19 @@ def _benchmarks():
         return f.read()
 
 
+def _assert_page_shows(lines):
+    """Every line of a summary script's table is a line of BENCHMARKS.md."""
+    assert lines
+    text = _benchmarks().splitlines()
+    for line in lines:
+        assert line in text, line
+
+
+def _table_rows(markdown, header):
+    """The body rows of a markdown table (``header``: how its header row starts)."""
+    return [line for line in markdown.splitlines() if line.startswith("| ") and not line.startswith(header)]
+
+
 def test_capsule_seed_results_match_benchmarks():
     rows = _make_figures().read_csv(os.path.join(RESULTS, "capsule_bleu_seeds.csv"))
     lines = _benchmarks().splitlines()
@@ -68,10 +81,7 @@ def test_recurrent_logic_table_matches_benchmarks():
 
     path = os.path.join(ROOT, "benchmarks", "fasttrees", "results", "logic_lstm.json")
     summary = load_script("benchmarks/fasttrees/summarize_lstm.py")
-    table = summary.logic_table(summary.load(path)).splitlines()
-    text = _benchmarks().splitlines()
-    for line in table:
-        assert line in text, line
+    _assert_page_shows(summary.logic_table(summary.load(path)).splitlines())
 
 
 @pytest.mark.parametrize("script, results, section", [
@@ -90,11 +100,7 @@ def test_converged_tables_match_benchmarks(script, results, section):
     if section:  # only that experiment's tables: "title:", then its table
         blocks = out.split("\n\n")
         out = "\n".join(table for title, table in zip(blocks, blocks[1:]) if title.startswith(section))
-    text = _benchmarks().splitlines()
-    lines = [line for line in out.splitlines() if line.startswith("| ") and not line.startswith("| model")]
-    assert lines
-    for line in lines:
-        assert line in text, line
+    _assert_page_shows(_table_rows(out, "| model"))
 
 
 def test_multi30k_convergence_table_matches_benchmarks():
@@ -107,9 +113,4 @@ def test_multi30k_convergence_table_matches_benchmarks():
     with open(os.path.join(ROOT, "benchmarks", "translation", "results", "multi30k_converged.json"), encoding="utf-8") as f:
         rows = json.load(f)
     summary = load_script("benchmarks/translation/summarize_converged.py")
-    lines = [line for line in summary.markdown(summary.summarize(rows)).splitlines()
-             if line.startswith("| ") and not line.startswith("| configuration")]
-    assert lines
-    text = _benchmarks().splitlines()
-    for line in lines:
-        assert line in text, line
+    _assert_page_shows(_table_rows(summary.markdown(summary.summarize(rows)), "| configuration"))

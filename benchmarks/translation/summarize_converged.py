@@ -65,7 +65,8 @@ def markdown(summary):
         se = "" if e["se"] is None else f" ± {e['se']:.2f}"
         p = e.get("paired")
         diff = "—" if p is None else paired_text(p)
-        updates = f"{min(e['updates'])}" + (f"–{max(e['updates'])}" if max(e["updates"]) > min(e["updates"]) else "")
+        lo, hi = min(e["updates"]), max(e["updates"])
+        updates = f"{lo}" if lo == hi else f"{lo}–{hi}"
         lines.append(f"| {config} | {per_seed} | {e['mean']:.2f}{se} | {updates} | {diff} "
                      f"| {e.get('verdict', '—')} |")
     if summary["capped"]:
