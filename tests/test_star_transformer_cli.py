@@ -377,6 +377,22 @@ def test_converged_script_runs_masked_summation(model, tmp_path):
     assert f"RESULTS={results} " in row["command"] and row["command"].endswith(f"masked_sum {model} 1 {tmp_path / 'w'}")
 
 
+def test_converged_script_min_epoch_holds_off_the_patience_rule(tmp_path):
+    """converged.sh masked_sum with MIN_EPOCH: at learning rate 0 dev MSE never improves after epoch 1, so patience 1
+    would stop the run after epoch 2; MIN_EPOCH=4 keeps it training to epoch 4, where the count (3 validations since
+    the best, carried across the two fairseq-train calls) stops it, and the row's command names the minimum."""
+    import json
+
+    results = tmp_path / "rows.json"
+    env = {"N": "16", "SAMPLES": "64", "LR": "0", "PATIENCE": "1", "MIN_EPOCH": "4", "MAX_EPOCH": "8",
+           "RESULTS": str(results), "PYTHON": cli.tool("python")}
+    cli.run(["bash", os.path.join(cli.ROOT, "benchmarks/star_transformer/converged.sh"), "masked_sum", "lstm", 1,
+             tmp_path / "w"], env=env)
+    (row,) = json.load(open(results))
+    assert (row["epochs"], row["converged"]) == (4, True)
+    assert row["command"].startswith("N=16 LR=0 SAMPLES=64 MIN_EPOCH=4 MAX_EPOCH=8 PATIENCE=1 ")
+
+
 def test_convergence_summary_pairs_seeds_and_writes_claims(tmp_path, capsys):
     """summarize_converged.py: mean ± s.e. per model, Star − Transformer paired over common seeds, capped runs
     marked; for masked summation lower is better and the claim takes the longest n with paired seeds."""

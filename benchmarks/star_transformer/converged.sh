@@ -2,6 +2,8 @@
 # Star-Transformer vs the Transformer encoder of equal size at convergence (the Star-Transformer paper's SST-5,
 # CoNLL-2003 and masked-summation experiments): one (task, model, seed) per call, trained until the dev metric has
 # not improved for PATIENCE (5) epochs (at most MAX_EPOCH, 50), the best-dev checkpoint scored on test.
+# Masked summation: MIN_EPOCH (default 1: no minimum) keeps the patience rule from stopping a run before that epoch
+# (a model can sit at the mean predictor's error for several epochs before it learns; the count still runs).
 #   benchmarks/star_transformer/converged.sh TASK MODEL SEED [WORK]
 # TASK: sst5 (accuracy; examples/star_transformer/run_sst.sh) | conll03 (span F1; run_conll_ner.sh) |
 #       masked_sum (test MSE; sequence length N, default 200, k = 10 columns, SAMPLES (10k) per split generated
@@ -29,6 +31,8 @@ lr_tag=; [ "$LR" != 1e-3 ] && lr_tag=_lr$LR
 export PYTHON=${PYTHON:-.venv/bin/python} WORK=${4:-benchmarks/work/star_converged/$name}
 unset VALIDATE_INTERVAL_UPDATES  # --patience counts validations: one per epoch
 export MODELS=$MODEL SEED MAX_EPOCH=${MAX_EPOCH:-50} PATIENCE=${PATIENCE:-5} MAX_UPDATE=${MAX_UPDATE:-1000000}
+MIN_EPOCH=${MIN_EPOCH:-1}
+[ "$MIN_EPOCH" = 1 ] || [ "$TASK" = masked_sum ] || { echo "converged.sh: MIN_EPOCH is for masked_sum only" >&2; exit 2; }
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} MKL_NUM_THREADS=${MKL_NUM_THREADS:-1}
 default_results=benchmarks/star_transformer/results/converged.json
 RESULTS=${RESULTS-$default_results}
@@ -39,10 +43,14 @@ masked_sum() {
   local data=(--user-dir user_dir --task masked_summation --criterion masked_summation_mse --seq-len "$N"
               --num-columns 10 --train-size "$SAMPLES" --valid-size "$SAMPLES" --test-size "$SAMPLES" --seed "$SEED"
               --batch-size 64 --num-workers 0 --log-format simple)
-  "$BIN/fairseq-train" "${data[@]}" --arch star_transformer --encoder-type "$MODEL" --encoder-embed-dim 100 \
-      --encoder-layers 2 --encoder-attention-heads 4 --max-positions "$N" --dropout 0.1 --optimizer adam \
-      --lr "$LR" --max-epoch "$MAX_EPOCH" --patience "$PATIENCE" --max-update "$MAX_UPDATE" --no-epoch-checkpoints \
-      --log-interval 50 --save-dir "$WORK/ck" >> "$WORK/train_masked_sum.log" 2>&1  # appended: a resumed run keeps the log of its earlier epochs
+  local train=("$BIN/fairseq-train" "${data[@]}" --arch star_transformer --encoder-type "$MODEL" --encoder-embed-dim 100
+      --encoder-layers 2 --encoder-attention-heads 4 --max-positions "$N" --dropout 0.1 --optimizer adam
+      --lr "$LR" --max-update "$MAX_UPDATE" --no-epoch-checkpoints --log-interval 50 --save-dir "$WORK/ck")
+  # epochs 1 .. MIN_EPOCH - 1 cannot be stopped by patience (its count, kept in the checkpoints, runs on); the log
+  # is appended: a resumed run keeps the log of its earlier epochs
+  local no_stop=$(( MIN_EPOCH - 1 < MAX_EPOCH ? MIN_EPOCH - 1 : MAX_EPOCH ))
+  [ "$no_stop" -le 0 ] || "${train[@]}" --max-epoch "$no_stop" --patience 1000000000 >> "$WORK/train_masked_sum.log" 2>&1
+  "${train[@]}" --max-epoch "$MAX_EPOCH" --patience "$PATIENCE" >> "$WORK/train_masked_sum.log" 2>&1
   "$BIN/fairseq-validate" "${data[@]}" --path "$WORK/ck/checkpoint_best.pt" --valid-subset test \
       > "$WORK/test_masked_sum.log" 2>&1
 }
@@ -54,5 +62,5 @@ esac
 n_flag=(); [ "$TASK" = masked_sum ] && n_flag=(--n "$N" --lr "$LR")
 "$PYTHON" benchmarks/star_transformer/converged_rows.py --work "$WORK" --task "$TASK" --model "$MODEL" --seed "$SEED" \
   "${n_flag[@]}" --max-epoch "$MAX_EPOCH" \
-  --command "$([ "$TASK" = masked_sum ] && echo "N=$N ")$([ -n "$lr_tag" ] && echo "LR=$LR ")$([ "$SAMPLES" != 10000 ] && echo "SAMPLES=$SAMPLES ")MAX_EPOCH=$MAX_EPOCH PATIENCE=$PATIENCE$([ "$RESULTS" != "$default_results" ] && echo " RESULTS=$RESULTS") benchmarks/star_transformer/converged.sh $TASK $MODEL $SEED${4:+ $4}" \
+  --command "$([ "$TASK" = masked_sum ] && echo "N=$N ")$([ -n "$lr_tag" ] && echo "LR=$LR ")$([ "$SAMPLES" != 10000 ] && echo "SAMPLES=$SAMPLES ")$([ "$MIN_EPOCH" != 1 ] && echo "MIN_EPOCH=$MIN_EPOCH ")MAX_EPOCH=$MAX_EPOCH PATIENCE=$PATIENCE$([ "$RESULTS" != "$default_results" ] && echo " RESULTS=$RESULTS") benchmarks/star_transformer/converged.sh $TASK $MODEL $SEED${4:+ $4}" \
   ${RESULTS:+--results "$RESULTS"}
