@@ -21,6 +21,7 @@
 # patience rule is continued when the command is run again with a larger MAX_EPOCH).
 # Writes WORK/result.json and upserts its row in RESULTS (default benchmarks/fasttrees/results/logic_lstm.json).
 source "$(dirname "$0")/../../examples/fasttrees/common.sh"
+source "$(dirname "$0")/../min_epoch.sh"
 shopt -s inherit_errexit
 ARCH=${1:?usage: logic_lstm.sh ARCH SEED [WORK]}
 SEED=${2:?usage: logic_lstm.sh ARCH SEED [WORK]}
@@ -57,18 +58,13 @@ if [ -f "$WORK/train.done" ] && [ "$MAX_EPOCH" -gt "$(cat "$WORK/train.done")" ]
     && ! stopped_by_patience "$WORK/train.log"; then
   rm "$WORK/train.done"  # capped at a smaller MAX_EPOCH: fairseq-train continues from checkpoint_last.pt
 fi
-train() {  # MAX_EPOCH PATIENCE: fairseq-train, continuing from checkpoint_last.pt when there is one
-  "$BIN/fairseq-train" "$DATA" --user-dir user_dir "${TASK[@]}" --arch "$ARCH" "${SIZE[@]}" \
-    --optimizer adam --lr "$LR" --clip-norm 1.0 --batch-size "$BATCH" --max-epoch "$1" \
-    --patience "$2" --best-checkpoint-metric accuracy --maximize-best-checkpoint-metric \
-    --save-dir "$WORK/checkpoints" --no-epoch-checkpoints --seed "$SEED" --num-workers 0 --cpu \
-    --log-format simple --log-interval 100 >> "$WORK/train.log" 2>&1
-}
+train=("$BIN/fairseq-train" "$DATA" --user-dir user_dir "${TASK[@]}" --arch "$ARCH" "${SIZE[@]}"
+  --optimizer adam --lr "$LR" --clip-norm 1.0 --batch-size "$BATCH"
+  --best-checkpoint-metric accuracy --maximize-best-checkpoint-metric
+  --save-dir "$WORK/checkpoints" --no-epoch-checkpoints --seed "$SEED" --num-workers 0 --cpu
+  --log-format simple --log-interval 100)
 if [ ! -f "$WORK/train.done" ]; then
-  # epochs 1 .. MIN_EPOCH - 1: the patience count runs (it is kept in the checkpoints) but cannot stop training
-  no_stop=$(( MIN_EPOCH - 1 < MAX_EPOCH ? MIN_EPOCH - 1 : MAX_EPOCH ))
-  [ "$no_stop" -le 0 ] || train "$no_stop" 1000000000
-  train "$MAX_EPOCH" "$PATIENCE"
+  train_min_epoch "$MIN_EPOCH" "$MAX_EPOCH" "$PATIENCE" "$WORK/train.log" "${train[@]}"
   echo "$MAX_EPOCH" > "$WORK/train.done"
 fi
 SUBSETS=$(echo test_ops{1..12} | tr ' ' ',')

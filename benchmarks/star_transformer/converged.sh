@@ -16,6 +16,7 @@
 # benchmarks/star_transformer/results/converged.json).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+source benchmarks/min_epoch.sh
 TASK=${1:?usage: converged.sh TASK MODEL SEED [WORK]}
 MODEL=${2:?usage: converged.sh TASK MODEL SEED [WORK]}
 SEED=${3:?usage: converged.sh TASK MODEL SEED [WORK]}
@@ -46,11 +47,7 @@ masked_sum() {
   local train=("$BIN/fairseq-train" "${data[@]}" --arch star_transformer --encoder-type "$MODEL" --encoder-embed-dim 100
       --encoder-layers 2 --encoder-attention-heads 4 --max-positions "$N" --dropout 0.1 --optimizer adam
       --lr "$LR" --max-update "$MAX_UPDATE" --no-epoch-checkpoints --log-interval 50 --save-dir "$WORK/ck")
-  # epochs 1 .. MIN_EPOCH - 1 cannot be stopped by patience (its count, kept in the checkpoints, runs on); the log
-  # is appended: a resumed run keeps the log of its earlier epochs
-  local no_stop=$(( MIN_EPOCH - 1 < MAX_EPOCH ? MIN_EPOCH - 1 : MAX_EPOCH ))
-  [ "$no_stop" -le 0 ] || "${train[@]}" --max-epoch "$no_stop" --patience 1000000000 >> "$WORK/train_masked_sum.log" 2>&1
-  "${train[@]}" --max-epoch "$MAX_EPOCH" --patience "$PATIENCE" >> "$WORK/train_masked_sum.log" 2>&1
+  train_min_epoch "$MIN_EPOCH" "$MAX_EPOCH" "$PATIENCE" "$WORK/train_masked_sum.log" "${train[@]}"  # log appended
   "$BIN/fairseq-validate" "${data[@]}" --path "$WORK/ck/checkpoint_best.pt" --valid-subset test \
       > "$WORK/test_masked_sum.log" 2>&1
 }
