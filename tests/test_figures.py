@@ -114,3 +114,22 @@ def test_multi30k_convergence_table_matches_benchmarks():
         rows = json.load(f)
     summary = load_script("benchmarks/translation/summarize_converged.py")
     _assert_page_shows(_table_rows(summary.markdown(summary.summarize(rows)), "| configuration"))
+
+
+def test_bleu_axis_spans_at_least_two_points():
+    """A BLEU difference of a fraction of a point must not fill the per-seed plot."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    mf = _make_figures()
+    fig, ax = plt.subplots()
+    mf.bleu_per_seed(ax, [("a", "s", {1: 39.77}), ("b", "^", {1: 39.55})], "t")
+    low, high = ax.get_ylim()
+    assert high - low >= 2.0 and low < 39.55 and high > 39.77
+    fig, ax = plt.subplots()
+    mf.bleu_per_seed(ax, [("a", "s", {1: 23.0, 2: 27.0})], "t")  # a wide spread keeps matplotlib's own range
+    low, high = ax.get_ylim()
+    assert high - low < 5.0 and low < 23.0 and high > 27.0
+    plt.close("all")

@@ -113,9 +113,10 @@ def txl_ptb(results, plt):
     return fig
 
 
-def bleu_per_seed(ax, series, title):
+def bleu_per_seed(ax, series, title, min_span=2.0):
     """BLEU per seed of each configuration (``series``: (label, marker, {seed: BLEU})), points side by side, and
-    each configuration's mean ± s.e. to the right of the seeds."""
+    each configuration's mean ± s.e. to the right of the seeds.  The BLEU axis spans at least ``min_span`` points,
+    so that a difference of a fraction of a point does not fill the plot."""
     seeds = sorted({s for _, _, by_seed in series for s in by_seed})
     mean_x = max(seeds) + 1.2
     for i, (label, marker, by_seed) in enumerate(series):
@@ -128,6 +129,10 @@ def bleu_per_seed(ax, series, title):
         ax.errorbar([mean_x + offset], [mean], yerr=None if se is None else [se], fmt=marker,
                     color=line.get_color(), capsize=3)
     ax.set_xticks(seeds + [mean_x], [str(s) for s in seeds] + ["mean ± s.e."])
+    low, high = ax.get_ylim()
+    if high - low < min_span:
+        middle = (low + high) / 2
+        ax.set_ylim(middle - min_span / 2, middle + min_span / 2)
     ax.set(xlabel="seed", ylabel="test_2016_flickr BLEU", title=title)
     grid_and_legend(ax, axis="y")
 
