@@ -128,6 +128,28 @@ def test_lstm_speed_claim_row_is_onlstm_time_over_fasttrees():
                                                                              [2.0, 1.5, 1.1], 1.29)
     with pytest.raises(SystemExit):
         speed.main(["--setting", "logic", "--claims", "x.json"])
+    assert "CPU time, one thread" in row["setting"]
+    assert "wall time on cuda" in speed.claim_row({**result, "device": "cuda"}, "cmd")["setting"]
+
+
+def test_speed_script_rejects_a_bad_device_with_one_clear_line(capsys):
+    """user_dir.timing.device_from_flag, as lstm_speed.py and capsule_transformer/speed.py call it."""
+    main = load_script("benchmarks/fasttrees/lstm_speed.py").main
+    with pytest.raises(SystemExit):
+        main(["--device", "gpu0"])
+    assert "--device gpu0: cpu, cuda or cuda:N" in capsys.readouterr().err
+    if not torch.cuda.is_available():
+        with pytest.raises(SystemExit):
+            main(["--device", "cuda"])
+        assert "torch sees no GPU here" in capsys.readouterr().err
+
+
+def test_lstm_speed_times_each_model_on_the_device():
+    speed = load_script("benchmarks/fasttrees/lstm_speed.py")
+    result = speed.measure("logic", repeats=1, warmup=0)
+    assert result["device"] == "cpu" and result["timing"] == "CPU time"
+    assert set(result["median_seconds"]) == {"onlstm", "fasttrees_ffn", "fasttrees_linear", "fasttrees_conv"}
+    assert all(t > 0 for t in result["median_seconds"].values())
 
 
 def test_paired_statistics_and_verdict():

@@ -31,14 +31,13 @@ still runs in float32).  ``--out`` writes every figure as JSON.
 import argparse
 import json
 import os
-import re
 import statistics
-import time
 
 import torch
 from fairseq.data import data_utils
 from fairseq.sequence_generator import SequenceGenerator
 
+from user_dir import timing
 from user_dir.from_flags import build, random_sentences, toy_dictionary
 
 PRESETS = {
@@ -66,11 +65,7 @@ DEVICE = torch.device("cpu")  # set by --device
 
 
 def clock():
-    """Seconds: the process's CPU time on CPU; on a GPU the wall clock once queued work has finished."""
-    if DEVICE.type == "cuda":
-        torch.cuda.synchronize(DEVICE)
-        return time.perf_counter()
-    return time.process_time()
+    return timing.clock(DEVICE)
 
 
 def batch(dictionary, n, length, seed):
@@ -188,11 +183,7 @@ def build_models(p, a):
     vocab = a.vocab or VOCABULARY[a.preset]
     if vocab <= 4:
         p.error(f"--vocab {vocab}: the dictionary needs more than its 4 special symbols")
-    if not re.fullmatch(r"cpu|cuda(:\d+)?", a.device):
-        p.error(f"--device {a.device}: cpu, cuda or cuda:N")
-    if a.device.startswith("cuda") and not torch.cuda.is_available():
-        p.error(f"--device {a.device}: torch sees no GPU here (torch.cuda.is_available() is False)")
-    DEVICE = torch.device(a.device)
+    DEVICE = timing.device_from_flag(p, a.device)
     d = toy_dictionary(vocab - 4)  # + bos, pad, eos, unk
     sizes = PRESETS[a.preset] + ["--dropout", "0.1"]
     vanilla, _ = build("transformer", sizes, dictionary=d, seed=1)
@@ -233,9 +224,9 @@ def main():
     result = {"preset": a.preset, "vocab": vocab, "routing_iters": a.routing_iters, "capsule_args": a.capsule_args,
               "device": str(DEVICE), "dtype": a.dtype, "threads": torch.get_num_threads(), "repeats": a.repeats,
               "beam": a.beam, "train": {}, "generate": {}, "decode": {}}
-    timing = "wall time, GPU synchronised" if DEVICE.type == "cuda" else "CPU time"
     print(f"preset={a.preset} vocab={vocab} routing_iters={a.routing_iters} capsule_args='{a.capsule_args}' "
-          f"device={DEVICE} dtype={a.dtype} threads={torch.get_num_threads()} repeats={a.repeats} (medians; {timing})")
+          f"device={DEVICE} dtype={a.dtype} threads={torch.get_num_threads()} repeats={a.repeats} "
+          f"(medians; {timing.timing_name(DEVICE)})")
     for length in map(int, a.lengths.split(",")):
         train_b = batch(d, max(1, a.tokens // length), length, seed=3)
         gen_b = batch(d, max(1, a.gen_tokens // length), length, seed=5)

@@ -8,25 +8,28 @@ second yardstick.
         --out benchmarks/fasttrees/results/lstm_speed_ptb.json
     OMP_NUM_THREADS=1 python benchmarks/fasttrees/lstm_speed.py --setting logic --repeats 7 \
         --out benchmarks/fasttrees/results/lstm_speed_logic.json
+    python benchmarks/fasttrees/lstm_speed.py --setting ptb --device cuda --repeats 20 \
+        --out benchmarks/fasttrees/results/lstm_speed_ptb_cuda.json      # (benchmarks/gpu/fasttrees_lstm_speed.sh)
 
 Settings: ``ptb``, the ``_ptb`` language-model presets (3 layers, 1150 hidden, embedding 400, chunk 10, the
 papers' dropouts and weight drop) on batches of 20 × 70 tokens of a 10,000-word vocabulary (the PTB recipe's
 batch and BPTT length); ``logic``, the ``_logic`` siamese pair classifiers (one layer, embedding 128, hidden
 400, chunk 10) on batches of 128 pairs of 24 tokens.  A step is forward, backward and an SGD update, in
 training mode (dropout on).  The ratio reported is ON-LSTM's median time / the model's median time (> 1: faster
-than ON-LSTM).  Also counted: the aten operations one time step of a layer's forward + backward runs (a device
+than ON-LSTM).  ``--device cuda`` runs the models on the GPU, in float32, timed by the wall clock with the
+device synchronised at each start and stop (the paper's 29–42% were measured on a GPU).  Also counted: the aten operations one time step of a layer's forward + backward runs (a device
 pays each as a kernel launch, whatever its speed).
 """
 import argparse
 import json
 import os
 import statistics
-import time
 
 import torch
 import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from user_dir import timing
 from user_dir.from_flags import build, toy_dictionary
 from user_dir.result_rows import upsert
 
@@ -117,17 +120,18 @@ def ops_per_step(layer, input_size, batch_size=4):
     return (count(20) - count(10)) / 10
 
 
-def measure(setting, repeats, warmup=1):
+def measure(setting, repeats, warmup=1, device=torch.device("cpu")):
     models, dictionary = build_models(setting)
+    models = {k: m.to(device) for k, m in models.items()}
     optimizers = {k: torch.optim.SGD(m.parameters(), lr=0.1) for k, m in models.items()}
-    b = batch(setting, dictionary, seed=0)
+    b = {k: v.to(device) for k, v in batch(setting, dictionary, seed=0).items()}
     times = {k: [] for k in models}
     for r in range(warmup + repeats):
         for k, m in models.items():  # the models take turns, so drifts of the machine hit all alike
-            start = time.process_time()
+            start = timing.clock(device)
             train_step(m, optimizers[k], b)
             if r >= warmup:
-                times[k].append(time.process_time() - start)
+                times[k].append(timing.clock(device) - start)
     median = {k: statistics.median(v) for k, v in times.items()}
     return {
         "setting": setting, **{k: v for k, v in SETTINGS[setting].items() if k != "models"},
@@ -135,10 +139,17 @@ def measure(setting, repeats, warmup=1):
         "parameters": {k: sum(p.numel() for p in m.parameters()) for k, m in models.items()},
         "median_seconds": median, "runs_seconds": times,
         "speedup_vs_onlstm": {k: median["onlstm"] / v for k, v in median.items()},
-        "aten_ops_per_step": {k: ops_per_step(recurrent_layer(m), recurrent_layer(m).input_size)
+        "aten_ops_per_step": {k: ops_per_step(recurrent_layer(m).cpu(), recurrent_layer(m).input_size)
                               for k, m in models.items() if k != "fairseq_lstm_lm"},
-        "repeats": repeats, "threads": torch.get_num_threads(),
+        "repeats": repeats, "threads": torch.get_num_threads(), "device": str(device),
+        "timing": timing.timing_name(device),
     }
+
+
+def setting_device(result):
+    """How a result was timed, for the claim row: CPU time of one thread, or a GPU's synchronised wall clock."""
+    device = result.get("device", "cpu")
+    return "CPU time, one thread" if device == "cpu" else f"wall time on {device}, synchronised, float32"
 
 
 def claim_row(result, command):
@@ -152,7 +163,7 @@ def claim_row(result, command):
             "ours_runs": [round(a / b, 3) for a, b in zip(runs["onlstm"], runs["fasttrees_ffn"])],
             "baseline": 1.0, "paper_value": 1.29, "seeds": None,
             "setting": "_ptb presets (3 layers, 1150 hidden, embedding 400, chunk 10), 20 x 70 tokens, 10,000 words; "
-                       "training step (fwd+bwd+SGD), CPU time, one thread, medians of "
+                       f"training step (fwd+bwd+SGD), {setting_device(result)}, medians of "
                        f"{result['repeats']} interleaved runs; ratio = ON-LSTM time / FastTrees (ffn) time",
             "command": command}
 
@@ -163,12 +174,14 @@ def main(argv=None):
     p.add_argument("--repeats", type=int, default=7)
     p.add_argument("--out", help="write the figures as JSON here")
     p.add_argument("--claims", help="(--setting ptb) write the fasttrees_lstm_speed row into this JSON list")
+    p.add_argument("--device", default="cpu", help="cpu, or cuda[:N]: every model on that GPU, wall-clock times")
     args = p.parse_args(argv)
+    device = timing.device_from_flag(p, args.device)
     if args.repeats < 1:
         p.error(f"--repeats must be >= 1, got {args.repeats}")
     if args.claims and args.setting != "ptb":
         p.error("--claims: the paper's speed claim is at the PTB preset (--setting ptb)")
-    result = measure(args.setting, args.repeats)
+    result = measure(args.setting, args.repeats, device=device)
     for k, v in result["median_seconds"].items():
         ops = result["aten_ops_per_step"].get(k)
         print(f"{k:18s} {v * 1000:9.1f} ms/step  {result['speedup_vs_onlstm'][k]:.2f}x ON-LSTM's speed  "
@@ -179,7 +192,8 @@ def main(argv=None):
             json.dump(result, f, indent=1)
             f.write("\n")
     if args.claims:
-        command = (f"OMP_NUM_THREADS=1 python benchmarks/fasttrees/lstm_speed.py --setting ptb --repeats {args.repeats}"
+        command = (f"{'OMP_NUM_THREADS=1 ' if device.type == 'cpu' else ''}python benchmarks/fasttrees/lstm_speed.py "
+                   f"--setting ptb{f' --device {args.device}' if device.type != 'cpu' else ''} --repeats {args.repeats}"
                    f"{f' --out {args.out}' if args.out else ''}")
         upsert(args.claims, [claim_row(result, command)], key=lambda r: r["id"])
 
