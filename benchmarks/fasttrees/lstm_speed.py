@@ -17,8 +17,9 @@ batch and BPTT length); ``logic``, the ``_logic`` siamese pair classifiers (one 
 400, chunk 10) on batches of 128 pairs of 24 tokens.  A step is forward, backward and an SGD update, in
 training mode (dropout on).  The ratio reported is ON-LSTM's median time / the model's median time (> 1: faster
 than ON-LSTM).  ``--device cuda`` runs the models on the GPU, in float32, timed by the wall clock with the
-device synchronised at each start and stop (the paper's 29–42% were measured on a GPU).  Also counted: the aten operations one time step of a layer's forward + backward runs (a device
-pays each as a kernel launch, whatever its speed).
+device synchronised at each start and stop (the paper's 29–42% were measured on a GPU).  Also counted: the aten
+operations one time step of a layer's forward + backward runs (a device pays each as a kernel launch, whatever
+its speed).
 """
 import argparse
 import json
