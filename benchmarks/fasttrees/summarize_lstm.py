@@ -3,13 +3,16 @@
 (``results/logic_lstm.json``, written by ``logic_lstm.sh``) and PTB perplexity + unsupervised parsing F1
 (``results/ptb_lstm.json``, written by ``ptb_lstm.sh``), as markdown; ``--claims`` writes the
 ``fasttrees_logic_12`` row (accuracy at 12 operators, FastTrees vs ON-LSTM, over the seeds both have; of the
-FastTrees variants, the one with the better mean validation accuracy) into the paper-claims file.
+FastTrees variants, the one with the better mean validation accuracy over the seeds every variant has) into the
+paper-claims file.
 
     python benchmarks/fasttrees/summarize_lstm.py [--logic JSON] [--ptb JSON] \
         [--claims benchmarks/results/paper_claims.json]
 
-A logic row that stopped at ``--max-epoch`` while validation accuracy was still rising is marked "capped" in
-its table line (it is not a converged figure).  Logic rows are grouped by their embedding initialisation
+The logic table has one line per run (seed), with its best validation accuracy: a seed that never left the
+plateau the models start on (~59% validation accuracy, near the majority class) shows as such rather than
+being averaged with one that learned.  A logic row that stopped at ``--max-epoch`` while validation accuracy was
+still rising is marked "capped" in its table line (it is not a converged figure).  Logic rows are grouped by their embedding initialisation
 (``--embed-init``); the claim compares FastTrees and ON-LSTM runs of one initialisation, the presets' current
 one (``normal``) when both models have runs with it.  Where a model has runs at several learning rates
 (``LR=``), it is reported at the one with the best mean validation accuracy (chosen on dev, never on test),
@@ -75,18 +78,17 @@ def lr_text(choice):
 
 
 def logic_table(rows):
-    lines = ["| model | embeddings | seeds | epochs | " + " | ".join(str(k) for k in range(1, 13))
-             + " | mean 1–6 | mean 7–12 |", "|---|---|---|---|" + "---|" * 14]
+    lines = ["| model | embeddings | seed | epochs | best valid | " + " | ".join(str(k) for k in range(1, 13))
+             + " | mean 1–6 | mean 7–12 |", "|---|---|---|---|---|" + "---|" * 14]
     choices, rows = at_chosen_lr(rows)
     for init, group in by_init(rows).items():
         for arch, runs in by_arch(group).items():
-            acc = lambda k: cell([r["accuracy_by_ops"][str(k)] for r in runs])  # noqa: E731
-            epochs = ", ".join(f"{r['epochs']}{'' if r['converged'] else ' (capped)'}" for r in runs)
-            lines.append(f"| {NAMES.get(arch, arch)}{lr_text(choices[init, arch])} | {INIT_NAMES.get(init, init)} | "
-                         f"{', '.join(str(r['seed']) for r in runs)} | {epochs} | "
-                         + " | ".join(acc(k) for k in range(1, 13))
-                         + f" | {cell([r['accuracy_ops_1_6'] for r in runs])} | "
-                           f"{cell([r['accuracy_ops_7_12'] for r in runs])} |")
+            for r in runs:
+                lines.append(f"| {NAMES.get(arch, arch)}{lr_text(choices[init, arch])} | {INIT_NAMES.get(init, init)} | "
+                             f"{r['seed']} | {r['epochs']}{'' if r['converged'] else ' (capped)'} | "
+                             f"{r['best_valid_accuracy']:.1f} | "
+                             + " | ".join(f"{r['accuracy_by_ops'][str(k)]:.1f}" for k in range(1, 13))
+                             + f" | {r['accuracy_ops_1_6']:.1f} | {r['accuracy_ops_7_12']:.1f} |")
     return "\n".join(lines)
 
 
@@ -119,22 +121,24 @@ def logic_claim(rows):
 def _logic_claim(rows):
     runs = by_arch(rows)
     base = {r["seed"]: r for r in runs.get(BASELINE, [])}
-    candidates = []
-    for arch in FASTTREES:
-        seeds = sorted(s for s in (r["seed"] for r in runs.get(arch, [])) if s in base)
-        if seeds:
-            mine = {r["seed"]: r for r in runs[arch]}
-            # the variant is chosen on validation accuracy, never on the test sets the claim reports
-            candidates.append((statistics.mean(mine[s]["best_valid_accuracy"] for s in seeds), arch, seeds, mine))
-    if not candidates:
+    paired = {arch: {r["seed"]: r for r in runs.get(arch, []) if r["seed"] in base} for arch in FASTTREES}
+    paired = {arch: mine for arch, mine in paired.items() if mine}
+    if not paired:
         return None
-    _, arch, seeds, mine = max(candidates)
+    # the variant is chosen on validation accuracy (never on the test sets the claim reports), over the seeds
+    # every variant has, so that one variant's extra seed does not decide it
+    common = set.intersection(*(set(mine) for mine in paired.values()))
+    arch = max(paired, key=lambda a: statistics.mean(paired[a][s]["best_valid_accuracy"] for s in common or paired[a]))
+    mine = paired[arch]
+    seeds = sorted(mine)
     return {"id": "fasttrees_logic_12", "paper": "FastTrees (Pung & Chan 2021), Table 2",
             "claim": "Conv. FastTrees beats ON-LSTM on formulas with 12 operators by +4 points of accuracy "
                      "(trained on <= 6 operators)",
             "ours": [mine[s]["accuracy_by_ops"]["12"] for s in seeds],
             "baseline": [base[s]["accuracy_by_ops"]["12"] for s in seeds],
             "paper_value": 4.0, "paper_value_unit": "accuracy points, FastTrees minus ON-LSTM",
+            "best_valid_accuracy": {"ours": [mine[s]["best_valid_accuracy"] for s in seeds],
+                                    "baseline": [base[s]["best_valid_accuracy"] for s in seeds]},
             "model": NAMES[arch], "seeds": seeds, "size_flags": base[seeds[0]]["size_flags"],
             "embed_init": base[seeds[0]]["embed_init"],
             "lr": {"ours": mine[seeds[0]]["lr"], "baseline": base[seeds[0]]["lr"]},

@@ -250,7 +250,7 @@ def fasttrees_logic(results, plt):
 
 
 def fasttrees_lstm_logic(results, plt):
-    """Test accuracy per operator count of the recurrent cells (``logic_lstm.sh`` rows; mean over seeds), the
+    """Test accuracy per operator count of the recurrent cells (``logic_lstm.sh`` rows; a line per seed), the
     runs of one embedding initialisation and each model at its learning rate, chosen as the table and the claim
     of ``summarize_lstm.py`` choose them."""
     summary = load_script(os.path.join(FASTTREES_DIR, "summarize_lstm.py"))
@@ -261,13 +261,11 @@ def fasttrees_lstm_logic(results, plt):
     styles = {"onlstm_classifier_logic": "s-", "fasttrees_lstm_classifier_logic": "o-",
               "fasttrees_lstm_classifier_conv_logic": "^-", "lstm_classifier_logic": "d--"}
     ops = list(range(1, 13))
-    fig, ax = plt.subplots(figsize=(7, 4))
-    for arch, style in styles.items():
-        runs = [r for r in rows if r["arch"] == arch]
-        if runs:
-            mean = [sum(r["accuracy_by_ops"][str(k)] for r in runs) / len(runs) for k in ops]
-            seeds = ", ".join(str(r["seed"]) for r in runs)
-            ax.plot(ops, mean, style, label=f"{summary.NAMES[arch]} (seed{'s' if len(runs) > 1 else ''} {seeds})")
+    fig, ax = plt.subplots(figsize=(9.5, 4))
+    for color, (arch, style) in enumerate(styles.items()):
+        for i, r in enumerate(sorted((r for r in rows if r["arch"] == arch), key=lambda r: r["seed"])):
+            ax.plot(ops, [r["accuracy_by_ops"][str(k)] for k in ops], style, color=f"C{color}",
+                    alpha=1.0 if i == 0 else 0.55, label=f"{summary.NAMES[arch]}, seed {r['seed']}")
     majority = read_csv(os.path.join(results, "fasttrees_logic.csv"))  # the same test sets
     ax.plot(ops, [num(r["majority"]) for r in majority], "k:", label="majority class")
     ax.axvspan(6.5, 12.5, color="grey", alpha=0.12, label="longer than any training formula")
@@ -275,7 +273,9 @@ def fasttrees_lstm_logic(results, plt):
     ax.set(xlabel="number of operators", ylabel="test accuracy (%)",
            title=f"Logical inference, siamese recurrent encoders,\nembedding 128 "
                  f"{summary.INIT_NAMES.get(init, init)}, {size}".strip(", "))
-    grid_and_legend(ax)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.01, 0.5))  # the seed-2 lines run low on the left
+    fig.tight_layout()
     return fig
 
 
