@@ -8,6 +8,7 @@ import torch
 from torch.utils.flop_counter import sdpa_backward_flop_count, sdpa_flop_count
 
 from tests.helpers.cli import ROOT, load_script
+from user_dir import timing
 
 
 def test_flop_count_includes_the_fused_cpu_attention_of_fairseqs_transformer():
@@ -122,14 +123,17 @@ def test_paper_claims_rows_follow_the_schema():
 def test_lstm_speed_claim_row_is_onlstm_time_over_fasttrees():
     speed = load_script("benchmarks/fasttrees/lstm_speed.py")
     result = {"runs_seconds": {"onlstm": [2.0, 3.0, 2.2], "fasttrees_ffn": [1.0, 2.0, 2.0]}, "repeats": 3,
-              "speedup_vs_onlstm": {"onlstm": 1.0, "fasttrees_ffn": 1.1}}
+              "speedup_vs_onlstm": {"onlstm": 1.0, "fasttrees_ffn": 1.1},
+              "timing": timing.timing_name(torch.device("cpu"), 1)}
     row = speed.claim_row(result, "cmd")
     assert (row["id"], row["ours"], row["ours_runs"], row["paper_value"]) == ("fasttrees_lstm_speed", 1.1,
                                                                              [2.0, 1.5, 1.1], 1.29)
     with pytest.raises(SystemExit):
         speed.main(["--setting", "logic", "--claims", "x.json"])
     assert "CPU time, one thread" in row["setting"]
-    assert "wall time on cuda" in speed.claim_row({**result, "device": "cuda"}, "cmd")["setting"]
+    on_gpu = {**result, "device": "cuda:0", "timing": timing.timing_name(torch.device("cuda:0"))}
+    assert "wall time on cuda:0, synchronised" in speed.claim_row(on_gpu, "cmd")["setting"]
+    assert "CPU time, 4 threads" == timing.timing_name(torch.device("cpu"), 4)
 
 
 def test_speed_script_rejects_a_bad_device_with_one_clear_line(capsys):
@@ -147,7 +151,8 @@ def test_speed_script_rejects_a_bad_device_with_one_clear_line(capsys):
 def test_lstm_speed_times_each_model_on_the_device():
     speed = load_script("benchmarks/fasttrees/lstm_speed.py")
     result = speed.measure("logic", repeats=1, warmup=0)
-    assert result["device"] == "cpu" and result["timing"] == "CPU time"
+    assert result["device"] == "cpu"
+    assert result["timing"] == timing.timing_name(torch.device("cpu"), torch.get_num_threads())
     assert set(result["median_seconds"]) == {"onlstm", "fasttrees_ffn", "fasttrees_linear", "fasttrees_conv"}
     assert all(t > 0 for t in result["median_seconds"].values())
 

@@ -23,5 +23,9 @@ def clock(device):
     return time.process_time()
 
 
-def timing_name(device):
-    return "wall time, GPU synchronised" if device.type == "cuda" else "CPU time"
+def timing_name(device, threads=None):
+    """How ``clock(device)`` measures, in words for a results file: ``CPU time`` (``, one thread`` / ``, N threads``
+    when ``threads`` is given) or ``wall time on cuda:0, synchronised``."""
+    if device.type == "cuda":
+        return f"wall time on {device}, synchronised"
+    return "CPU time" + ("" if threads is None else ", one thread" if threads == 1 else f", {threads} threads")

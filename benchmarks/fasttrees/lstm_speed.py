@@ -143,14 +143,8 @@ def measure(setting, repeats, warmup=1, device=torch.device("cpu")):
         "aten_ops_per_step": {k: ops_per_step(recurrent_layer(m).cpu(), recurrent_layer(m).input_size)
                               for k, m in models.items() if k != "fairseq_lstm_lm"},
         "repeats": repeats, "threads": torch.get_num_threads(), "device": str(device),
-        "timing": timing.timing_name(device),
+        "timing": timing.timing_name(device, torch.get_num_threads()),
     }
-
-
-def setting_device(result):
-    """How a result was timed, for the claim row: CPU time of one thread, or a GPU's synchronised wall clock."""
-    device = result.get("device", "cpu")
-    return "CPU time, one thread" if device == "cpu" else f"wall time on {device}, synchronised, float32"
 
 
 def claim_row(result, command):
@@ -164,8 +158,8 @@ def claim_row(result, command):
             "ours_runs": [round(a / b, 3) for a, b in zip(runs["onlstm"], runs["fasttrees_ffn"])],
             "baseline": 1.0, "paper_value": 1.29, "seeds": None,
             "setting": "_ptb presets (3 layers, 1150 hidden, embedding 400, chunk 10), 20 x 70 tokens, 10,000 words; "
-                       f"training step (fwd+bwd+SGD), {setting_device(result)}, medians of "
-                       f"{result['repeats']} interleaved runs; ratio = ON-LSTM time / FastTrees (ffn) time",
+                       f"training step (fwd+bwd+SGD), {result.get('timing', 'CPU time, one thread')}, float32, "
+                       f"medians of {result['repeats']} interleaved runs; ratio = ON-LSTM time / FastTrees (ffn) time",
             "command": command}
 
 

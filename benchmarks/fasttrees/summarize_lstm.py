@@ -83,9 +83,9 @@ def logic_table(rows):
     choices, rows = at_chosen_lr(rows)
     for init, group in by_init(rows).items():
         for arch, runs in by_arch(group).items():
+            model = f"{NAMES.get(arch, arch)}{lr_text(choices[init, arch])} | {INIT_NAMES.get(init, init)}"
             for r in runs:
-                lines.append(f"| {NAMES.get(arch, arch)}{lr_text(choices[init, arch])} | {INIT_NAMES.get(init, init)} | "
-                             f"{r['seed']} | {r['epochs']}{'' if r['converged'] else ' (capped)'} | "
+                lines.append(f"| {model} | {r['seed']} | {r['epochs']}{'' if r['converged'] else ' (capped)'} | "
                              f"{r['best_valid_accuracy']:.1f} | "
                              + " | ".join(f"{r['accuracy_by_ops'][str(k)]:.1f}" for k in range(1, 13))
                              + f" | {r['accuracy_ops_1_6']:.1f} | {r['accuracy_ops_7_12']:.1f} |")
