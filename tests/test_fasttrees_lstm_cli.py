@@ -197,7 +197,9 @@ def test_lstm_summary_tables_and_logic_claim(tmp_path, capsys):
     assert (claim["id"], claim["model"], claim["seeds"], claim["ours"], claim["baseline"]) == (
         "fasttrees_logic_12", "Conv. FastTrees", [1, 2], [75.0, 50.0], [70.0, 72.0])
     assert claim["best_valid_accuracy"] == {"ours": [80.0, 50.0], "baseline": [80.0, 80.0]}
-    assert claim["converged"] and "fasttrees_lstm_classifier_conv_logic SEED" in claim["command"]
+    assert claim["converged"] and claim["command"] == (
+        "MAX_EPOCH=25 PATIENCE=5 benchmarks/fasttrees/logic_lstm.sh fasttrees_lstm_classifier_conv_logic SEED; "
+        "MAX_EPOCH=25 PATIENCE=5 benchmarks/fasttrees/logic_lstm.sh onlstm_classifier_logic SEED")
     assert claim["embed_init"] == "normal" and claim["lr"] == {"ours": 3e-3, "baseline": 3e-3}
 
 

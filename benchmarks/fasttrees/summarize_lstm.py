@@ -143,8 +143,9 @@ def _logic_claim(rows):
             "embed_init": base[seeds[0]]["embed_init"],
             "lr": {"ours": mine[seeds[0]]["lr"], "baseline": base[seeds[0]]["lr"]},
             "converged": all(mine[s]["converged"] and base[s]["converged"] for s in seeds),
-            "command": mine[seeds[0]]["command"].replace(f"{arch} {seeds[0]}", f"{arch} SEED")
-                       + " (and onlstm_classifier_logic SEED)"}
+            "command": "; ".join(dict.fromkeys(  # each distinct command once, its seed written SEED
+                runs[s]["command"].replace(f"{a} {s}", f"{a} SEED") for runs, a in ((mine, arch), (base, BASELINE))
+                for s in seeds))}
 
 
 def main(argv=None):
