@@ -12,8 +12,8 @@ paper-claims file.
 The logic table has one line per run (seed), with its best validation accuracy: a seed that never left the
 plateau the models start on (~59% validation accuracy, near the majority class) shows as such rather than
 being averaged with one that learned.  A logic row that stopped at ``--max-epoch`` while validation accuracy was
-still rising is marked "capped" in its table line (it is not a converged figure).  Logic rows are grouped by their embedding initialisation
-(``--embed-init``); the claim compares FastTrees and ON-LSTM runs of one initialisation, the presets' current
+still rising is marked "capped" in its table line (it is not a converged figure).  Logic rows are grouped by
+their embedding initialisation (``--embed-init``); the claim compares FastTrees and ON-LSTM runs of one initialisation, the presets' current
 one (``normal``) when both models have runs with it.  Where a model has runs at several learning rates
 (``LR=``), it is reported at the one with the best mean validation accuracy (chosen on dev, never on test),
 and its table line names the rates and their validation means.
@@ -144,8 +144,8 @@ def _logic_claim(rows):
             "lr": {"ours": mine[seeds[0]]["lr"], "baseline": base[seeds[0]]["lr"]},
             "converged": all(mine[s]["converged"] and base[s]["converged"] for s in seeds),
             "command": "; ".join(dict.fromkeys(  # each distinct command once, its seed written SEED
-                runs[s]["command"].replace(f"{a} {s}", f"{a} SEED") for runs, a in ((mine, arch), (base, BASELINE))
-                for s in seeds))}
+                by_seed[s]["command"].replace(f"{a} {s}", f"{a} SEED")
+                for by_seed, a in ((mine, arch), (base, BASELINE)) for s in seeds))}
 
 
 def main(argv=None):

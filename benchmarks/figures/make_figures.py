@@ -43,11 +43,12 @@ def load_script(path):
     return module
 
 
-def grid_and_legend(*axes, **grid):
-    """The figures' common finish: a light grid (``grid`` as for ``Axes.grid``) and a small legend."""
+def grid_and_legend(*axes, legend=None, **grid):
+    """The figures' common finish: a light grid (``grid`` as for ``Axes.grid``) and a small legend (``legend``:
+    more ``Axes.legend`` arguments, e.g. a place outside the axes)."""
     for ax in axes:
         ax.grid(True, alpha=0.3, **grid)
-        ax.legend(fontsize=8)
+        ax.legend(fontsize=8, **(legend or {}))
 
 
 def star_scaling(results, plt):
@@ -273,8 +274,7 @@ def fasttrees_lstm_logic(results, plt):
     ax.set(xlabel="number of operators", ylabel="test accuracy (%)",
            title=f"Logical inference, siamese recurrent encoders,\nembedding 128 "
                  f"{summary.INIT_NAMES.get(init, init)}, {size}".strip(", "))
-    ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.01, 0.5))  # the seed-2 lines run low on the left
+    grid_and_legend(ax, legend={"loc": "center left", "bbox_to_anchor": (1.01, 0.5)})  # seed-2 lines run low
     fig.tight_layout()
     return fig
 
