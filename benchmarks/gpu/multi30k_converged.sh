@@ -10,10 +10,10 @@
 # DEADLINE (seconds, default none) stops every run still training at that time (SIGTERM to each run's process
 # group; exit status 3): the same command later resumes them from their checkpoint_last.pt, --patience's count
 # included, so a table that needs more than one device call is trained in several.
-# Measured on one H200 (--fp16, 16 CPU cores): the 12 runs side by side take ~20 s per epoch each (validation
-# included) and reach epochs 22-25 in 470 s, none stopped by patience yet; the CPU vanilla run still improves at
-# epoch 32, so a run needs ~50-60 epochs and the whole table ~15-20 minutes of GPU: run it in groups (SEEDS=1,
-# then 2, then 3; each group's rows land in the same JSON), or over several calls with DEADLINE.
+# Measured: on one H100 (--fp16, 16 CPU cores) seed 1's four runs side by side stopped by patience after 36-51
+# epochs, in 326-456 s of training (~9 s an epoch each); on one H200 the 12 runs side by side took ~20 s an epoch.
+# So train one seed group per device call (SEEDS=1, then 2, then 3; ~8 minutes of training each, then averaging
+# and beam-5 scoring; each group's rows land in the same JSON), or all of them over several calls with DEADLINE.
 # Without fairseq on the GPU machine, carry wheels made here and install them there: benchmarks/gpu/wheels.sh.
 set -euo pipefail
 cd "$(dirname "$0")/../.."

@@ -2,8 +2,8 @@
 # fairseq for a GPU machine that has torch but no fairseq and no network: wheels made here, installed there.
 #   benchmarks/gpu/wheels.sh download DIR [PYTHON_VERSION]   (here: the wheels for that Python, default 3.12)
 #   benchmarks/gpu/wheels.sh install DIR [PREFIX]            (there: installs into PREFIX, default /tmp/fairseq)
-# `install` puts the packages in PREFIX/site and a `python` link with fairseq's console scripts (and the machine's
-# sacrebleu) in PREFIX/bin, and prints the two exports the GPU scripts need, e.g.
+# `install` puts the packages in PREFIX/site and, in PREFIX/bin, a `python` that runs the machine's python3 with
+# fairseq's console scripts (and the machine's sacrebleu), and prints the two exports the GPU scripts need, e.g.
 #   eval "$(benchmarks/gpu/wheels.sh install .whl)" && benchmarks/gpu/multi30k_converged.sh
 # Wheels: ve-fairseq 0.12.3 (fairseq 0.12 built for recent Pythons), bitarray, hydra-core, omegaconf, and
 # antlr4-python3-runtime 4.9.3 (hydra's parser; only an sdist exists, so it is built here with `pip wheel`).
@@ -21,9 +21,13 @@ case "$MODE" in
     ls "$DIR" >&2 ;;
   install)
     PREFIX=${3:-/tmp/fairseq}
-    python3 -m pip install -q --no-index --no-deps --target "$PREFIX/site" "$DIR"/*.whl >&2
+    python3 -m pip install -q --no-index --no-deps --upgrade --target "$PREFIX/site" "$DIR"/*.whl >&2
     mkdir -p "$PREFIX/bin"
-    ln -sf "$(command -v python3)" "$PREFIX/bin/python"
+    # A script, not a link: a link to a virtual environment's python starts Python without that environment
+    # (it looks for pyvenv.cfg beside the path it was started as), so torch would not be found.
+    rm -f "$PREFIX/bin/python"  # an older install's link: writing through it would overwrite the interpreter
+    printf '#!/bin/sh\nexec "%s" "$@"\n' "$(python3 -c 'import sys; print(sys.executable)')" > "$PREFIX/bin/python"
+    chmod +x "$PREFIX/bin/python"
     for f in "$PREFIX"/site/bin/*; do ln -sf "$f" "$PREFIX/bin/"; done
     if command -v sacrebleu > /dev/null; then ln -sf "$(command -v sacrebleu)" "$PREFIX/bin/sacrebleu"
     else echo "wheels.sh: no sacrebleu on this machine (the scoring step needs it)" >&2; fi
