@@ -13,8 +13,8 @@ The logic table has one line per run (seed), with its best validation accuracy: 
 plateau the models start on (~59% validation accuracy, near the majority class) shows as such rather than
 being averaged with one that learned.  A logic row that stopped at ``--max-epoch`` while validation accuracy was
 still rising is marked "capped" in its table line (it is not a converged figure).  Logic rows are grouped by
-their embedding initialisation (``--embed-init``); the claim compares FastTrees and ON-LSTM runs of one initialisation, the presets' current
-one (``normal``) when both models have runs with it.  Where a model has runs at several learning rates
+their embedding initialisation (``--embed-init``); the claim compares FastTrees and ON-LSTM runs of one
+initialisation, the presets' current one (``normal``) when both models have runs with it.  Where a model has runs at several learning rates
 (``LR=``), it is reported at the one with the best mean validation accuracy (chosen on dev, never on test),
 and its table line names the rates and their validation means.
 """
