@@ -9,13 +9,13 @@ paper-claims file.
     python benchmarks/fasttrees/summarize_lstm.py [--logic JSON] [--ptb JSON] \
         [--claims benchmarks/results/paper_claims.json]
 
-The logic table has one line per run (seed), with its best validation accuracy: a seed that never left the
-plateau the models start on (~59% validation accuracy, near the majority class) shows as such rather than
-being averaged with one that learned.  A logic row that stopped at ``--max-epoch`` while validation accuracy was
-still rising is marked "capped" in its table line (it is not a converged figure).  Logic rows are grouped by
-their embedding initialisation (``--embed-init``); the claim compares FastTrees and ON-LSTM runs of one
-initialisation, the presets' current one (``normal``) when both models have runs with it.  Where a model has runs at several learning rates
-(``LR=``), it is reported at the one with the best mean validation accuracy (chosen on dev, never on test),
+The logic table has one line per run (seed), with its best validation accuracy: a seed that never left the plateau
+the models start on (~59% validation accuracy, near the majority class) shows as such rather than being averaged
+with one that learned. A logic row that stopped at ``--max-epoch`` while validation accuracy was still rising is
+marked "capped" in its table line (it is not a converged figure). Logic rows are grouped by their embedding
+initialisation (``--embed-init``); the claim compares FastTrees and ON-LSTM runs of one initialisation, the
+presets' current one (``normal``) when both models have runs with it. Where a model has runs at several learning
+rates (``LR=``), it is reported at the one with the best mean validation accuracy (chosen on dev, never on test),
 and its table line names the rates and their validation means.
 """
 import argparse
