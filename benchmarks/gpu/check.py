@@ -130,9 +130,15 @@ def zipf_lm_data(dest, vocab, tokens, seed=0):
         builder.finalize(os.path.join(dest, f"{split}.idx"))
 
 
-def last_error(text):
-    """The last ``SomethingError: ...`` line of a failed run's output (cut to 200 characters)."""
-    return (re.findall(r"(\w+Error: .*)", text) or ["see log"])[-1][:200]
+def last_error(text, rc=None):
+    """Why a run failed, in one line of at most 200 characters: its last ``SomethingError: ...`` or
+    command-line ``error: ...`` line, else the signal that ended it, else "see log"."""
+    found = re.findall(r"(\w+Error: .*|^\S+: error: .*)", text, flags=re.MULTILINE)
+    if found:
+        return found[-1][:200]
+    if isinstance(rc, int) and rc < 0:
+        return f"killed by signal {-rc}"
+    return "see log"
 
 
 def generate(data, ckpt, mode, smoke, timeout, log):
@@ -145,7 +151,7 @@ def generate(data, ckpt, mode, smoke, timeout, log):
     text, rc, _ = run(cmd, timeout, log)
     rate = re.search(r"Translated [\d,]+ sentences .*?\(([\d.]+) sentences/s", text)
     return {"gen_ok": rc == 0 and rate is not None, "gen_sentences_per_s": float(rate.group(1)) if rate else None,
-            "gen_error": None if rc == 0 else last_error(text)}
+            "gen_error": None if rc == 0 else last_error(text, rc)}
 
 
 def beam_column(res):
@@ -179,7 +185,7 @@ def summarise(text, rc):
         "overflows": len(re.findall(r"gradient overflow detected", text)),
         "nan_or_inf_loss": bool(bad) or "FloatingPointError" in text,
         "peak_gib": json.loads(peak.group(1))["peak_gib"] if peak else None,
-        "error": None if rc == 0 else last_error(text),
+        "error": None if rc == 0 else last_error(text, rc),
     }
 
 
@@ -245,7 +251,7 @@ def main():
                                 args.timeout, log.replace(".log", ".generate.log")))
             shutil.rmtree(ckpt_dir, ignore_errors=True)
         results.append(res)
-        fmt = lambda v, f: "-" if v is None else format(v, f)  # noqa: E731
+        fmt = lambda v, f: format("-", ">" + f.split(".")[0]) if v is None else format(v, f)  # noqa: E731
         print(f"{name:24} {mode:5} {world:<4} {'yes' if res['ok'] else 'NO':3} {fmt(res['final_loss'], '8.3f')} "
               f"{fmt(res['median_ups'], '7.2f')} {fmt(res['peak_gib'], '8.2f')} {res['overflows']:9d} "
               f"{'YES' if res['nan_or_inf_loss'] else 'no':7} {beam_column(res)}"
