@@ -116,6 +116,22 @@ def test_conv_master_gates_are_causal():
     assert torch.equal(a[:5], b[:5]) and not torch.allclose(a[5:], b[5:])
 
 
+@pytest.mark.parametrize("master", ["recurrent", "ffn", "linear", "conv", "none"])
+def test_padding_on_either_side_changes_nothing(master):
+    """Whatever the padded steps hold, a sequence's outputs, master gates and final state are those it has
+    alone: padding after it (right) and before it (left, where the conv window must start empty)."""
+    torch.manual_seed(4)
+    layer = OrderedNeuronsLayer(6, 12, 3, master=master, conv_kernel_size=3).eval()
+    x = torch.randn(5, 1, 6)
+    padded = torch.cat([torch.randn(3, 1, 6), x, torch.randn(2, 1, 6)])
+    keep = torch.tensor([False] * 3 + [True] * 5 + [False] * 2).unsqueeze(1)
+    with torch.no_grad():
+        h, (h_n, c_n), f_master, _ = layer(x)
+        h_p, (h_pn, c_pn), f_master_p, _ = layer(padded, keep=keep)
+    assert torch.allclose(h_p[3:8], h, atol=1e-6) and torch.allclose(f_master_p[3:8], f_master, atol=1e-6)
+    assert torch.allclose(h_pn, h_n, atol=1e-6) and torch.allclose(c_pn, c_n, atol=1e-6)
+
+
 def test_fasttrees_master_gates_do_not_read_the_hidden_state():
     """FastTrees' f̃_t depends on x_t only; ON-LSTM's on h_{t−1} too (a changed earlier token moves it)."""
     torch.manual_seed(3)
@@ -215,19 +231,24 @@ def classifier(arch, extra=()):
     return model, d
 
 
-@pytest.mark.parametrize("arch", ["onlstm_classifier", "fasttrees_lstm_classifier"])
-def test_classifier_alone_equals_padded_batch_and_siamese_pairs(arch):
-    model, d = classifier(arch)
+@pytest.mark.parametrize("left_pad", [False, True], ids=["right_pad", "left_pad"])
+@pytest.mark.parametrize("arch, extra", [("onlstm_classifier", []), ("fasttrees_lstm_classifier", []),
+                                         ("fasttrees_lstm_classifier", ["--master", "conv"])],
+                         ids=["onlstm", "fasttrees_ffn", "fasttrees_conv"])
+def test_classifier_alone_equals_padded_batch_and_siamese_pairs(arch, extra, left_pad):
+    """Right padding checks that the final state ignores what follows a sentence; left padding, that the
+    padded steps before it leave (h, c) at the zero state (cell state included) and the conv window empty."""
+    model, d = classifier(arch, extra)
     model.register_classification_head("single", num_classes=3)
     model.register_classification_head("pair", num_classes=3, input_multiplier=4)
     model.eval()
     sents = random_sentences(d, [6, 3, 9], seed=7)
-    batch = data_utils.collate_tokens(sents, d.pad(), left_pad=False)
+    batch = data_utils.collate_tokens(sents, d.pad(), left_pad=left_pad)
     with torch.no_grad():
         logits, _ = model(batch, classification_head_name="single")
         for i, s in enumerate(sents):
             assert torch.allclose(logits[i], model(s[None], classification_head_name="single")[0][0], atol=1e-5)
-        pair = data_utils.collate_tokens(sents[::-1], d.pad(), left_pad=False)
+        pair = data_utils.collate_tokens(sents[::-1], d.pad(), left_pad=left_pad)
         both, _ = model(batch, pair_tokens=pair, classification_head_name="pair")
         u, v = model(sents[0][None])[0], model(sents[2][None])[0]
         features = torch.cat([u, v, u * v, (u - v).abs()], -1)

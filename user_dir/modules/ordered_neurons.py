@@ -43,8 +43,10 @@ Reconstruction decisions
    step), in float32.
 5. *Weight drop inverted*: kept weights are scaled by ``1/(1−p)`` in training; the released code instead
    scales by ``1−p`` at evaluation (the same model up to a reparametrisation).
-6. *Padding*: a padded step leaves (h, c) unchanged, so a sentence's outputs and final state are the same
-   alone and in a padded batch.
+6. *Padding*: a padded step leaves (h, c) unchanged, and F reads it as a zero input, as the causal
+   convolution reads the steps before a sequence's start; so a sentence's outputs and final state are the same
+   alone and in a batch padded on either side.  (The conv window carried out of a right-padded row holds those
+   zeros.)
 7. *Ablation* (``master="none"``, not in either paper): no master gates, f̃ = ĩ = 1, so ω = 1, f̂ = f, î = i
    and the cell is the standard LSTM with the same sizes, regularisation and heads: the control that shows
    what the master gates themselves do.  Its syntactic distances are 0.
@@ -173,15 +175,15 @@ class OrderedNeuronsLayer(nn.Module):
         B = x.size(1)
         return x.new_zeros(B, self.hidden_size), x.new_zeros(B, self.hidden_size, dtype=torch.float32)
 
-    def precompute(self, x: Tensor, window: Optional[Tensor] = None):
+    def precompute(self, x: Tensor, window: Optional[Tensor] = None, keep: Optional[Tensor] = None):
         """What does not depend on h: (gate input projections (T, B, G), FastTrees' master gates (f̃, ĩ), each
-        (T, B, D_m), or ``None`` for ON-LSTM, the conv window to carry)."""
+        (T, B, D_m), or ``None`` for ON-LSTM, the conv window to carry); padded steps enter F as zeros."""
         if self.master == "none":  # decision 7: f̃ = ĩ = 1
             ones = x.new_ones(1, 1, self.n_chunk, dtype=torch.float32).expand(x.size(0), x.size(1), -1)
             return self.ih(x), (ones, ones), None
         if self.master_net is None:
             return self.ih(x), None, None
-        pre, window = self.master_net(x, window)
+        pre, window = self.master_net(x if keep is None else x.masked_fill(~keep.unsqueeze(-1), 0.0), window)
         return self.ih(x), master_gates(pre), window
 
     def hidden_weight(self) -> Tensor:
@@ -191,7 +193,7 @@ class OrderedNeuronsLayer(nn.Module):
     def forward(self, x: Tensor, state: Optional[State] = None, keep: Optional[Tensor] = None,
                 window: Optional[Tensor] = None):
         """Returns (h (T, B, H), final state (h, c), master forget gates f̃ (T, B, D_m), conv window)."""
-        gates_x, masters, window = self.precompute(x, window)
+        gates_x, masters, window = self.precompute(x, window, keep)
         w_hh = self.hidden_weight()
         h, c = self.initial_state(x) if state is None else state
         outputs: List[Tensor] = []
