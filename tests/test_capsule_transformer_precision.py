@@ -3,8 +3,9 @@
 Routing (Gram matrices, squash, couplings, agreements) runs in float32 and only ``Ω`` is cast
 back, so the model's low-precision error must stay within a few times the error of fairseq's
 ``transformer`` of the same size in the same dtype on the same input
-(:func:`tests.helpers.precision.assert_low_precision_close`).  The inputs are the ones that
-overflowed before: length 120 with sharpened attention, plus length 1 and pad rows.
+(:func:`tests.helpers.precision.assert_low_precision_close`).  The inputs are the ones where
+float16 range matters (routing kept in float16 overflows on them): length 120 with sharpened
+attention, plus length 1 and pad rows.
 """
 import pytest
 import torch
@@ -14,7 +15,7 @@ from tests.helpers import precision
 from tests.helpers.models import build, random_sentences, toy_dictionary
 from tests.test_capsule_transformer import ALL_MODULES, IMPL
 
-# 2 + 2 layers, 8 heads: the size the float16 overflow was found at (issue 14)
+# 2 + 2 layers, 8 heads: a size at which routing kept in float16 overflows
 SIZES = ["--encoder-layers", 2, "--decoder-layers", 2, "--encoder-embed-dim", 64, "--decoder-embed-dim", 64,
          "--encoder-ffn-embed-dim", 128, "--decoder-ffn-embed-dim", 128, "--encoder-attention-heads", 8,
          "--decoder-attention-heads", 8, "--dropout", 0]
