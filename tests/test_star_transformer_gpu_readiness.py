@@ -139,8 +139,8 @@ def test_autocast_bf16_heads_and_nmt():
 
 
 def test_padded_long_batch_runs_in_blocks_with_the_same_outputs(monkeypatch):
-    """A padded batch of n 1100 goes through the 512-row blocks (it used to need a padding-free
-    batch) and gives the one-block outputs and gradients."""
+    """A padded batch of n 1100 goes through the 512-row blocks (padding does not force the
+    one-block path) and gives the one-block outputs and gradients."""
     from user_dir.modules import star_ring_core
     from user_dir.modules.star_transformer_layer import StarTransformer
 
