@@ -104,7 +104,7 @@ def test_converged_tables_match_benchmarks(script, results, section):
 
 
 def test_multi30k_convergence_table_matches_benchmarks():
-    """BENCHMARKS.md shows the Multi30k convergence table as summarize_converged.py prints it from the committed
+    """BENCHMARKS.md shows the Multi30k convergence tables as summarize_converged.py prints them from the committed
     rows (a row added to the results without updating the page fails here)."""
     import json
 

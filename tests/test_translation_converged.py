@@ -110,8 +110,9 @@ def test_converged_row_refuses_an_interrupted_run(tmp_path):
 
 
 def _row(arch, routing, seed, bleu, converged=True):
-    return {"arch": arch, "routing": routing, "seed": seed, "updates": 3000 + seed, "converged": converged,
-            "test_bleu": bleu, "valid_bleu": bleu, "device": "cpu"}
+    return {"arch": arch, "routing": routing, "seed": seed, "updates": 3000 + seed, "epochs": 30 + seed,
+            "converged": converged, "best_valid_loss": 4.0 + seed / 100, "test_bleu": bleu, "valid_bleu": bleu + 0.5,
+            "train_seconds": 3600 * seed, "device": "cpu"}
 
 
 def test_summary_pairs_converged_seeds_and_leaves_capped_runs_out(tmp_path):
@@ -123,7 +124,8 @@ def test_summary_pairs_converged_seeds_and_leaves_capped_runs_out(tmp_path):
     results.write_text(json.dumps(rows))
     claims.write_text(json.dumps([{"id": "other_row"}]))
     out = cli.script("benchmarks/translation/summarize_converged.py", "--results", results, "--claims", claims).stdout
-    table = {line.split(" | ")[0].strip("| "): line for line in out.splitlines() if line.startswith("| ")}
+    summary_table, run_table = out.split("\n\n")[:2]
+    table = {line.split(" | ")[0].strip("| "): line for line in summary_table.splitlines() if line.startswith("| ")}
     assert "35.50 ± 0.29" in table["transformer"]
     # capsule ahead by +0.63 in all three seeds, with little spread: the paired t-test says ahead (the exact
     # sign-flip p of 3 seeds cannot fall below 2/8)
@@ -131,6 +133,10 @@ def test_summary_pairs_converged_seeds_and_leaves_capped_runs_out(tmp_path):
         table["capsule_transformer (enc_self)"]
     assert "1: 34.00, 2: 37.00 |" in table["fasttrees_transformer"]  # the capped seed 3 is not in the table
     assert "fasttrees_transformer seed 3 (10000" not in out and "fasttrees_transformer seed 3 (3003 updates)" in out
+    # one row per converged run, in the summary's order; the capped run is not among them
+    runs = [line for line in run_table.splitlines() if line.startswith("| ")][1:]
+    assert len(runs) == 8 and runs[0] == "| transformer | 1 | 31 | 3001 | 4.010 | 35.50 | 35.00 | 1.0 |"
+    assert runs[-1] == "| fasttrees_transformer | 2 | 32 | 3002 | 4.020 | 37.50 | 37.00 | 2.0 |"
     written = {r["id"]: r for r in json.load(open(claims))}
     assert set(written) == {"other_row", "capsule_multi30k", "fasttrees_multi30k"}
     assert written["fasttrees_multi30k"]["seeds"] == [1, 2] and written["fasttrees_multi30k"]["ours"] == [34.0, 37.0]

@@ -1,7 +1,8 @@
 #!/usr/bin/env python
 """The Multi30k convergence table from ``benchmarks/translation/results/multi30k_converged.json``: per
 configuration the test BLEU per seed and its mean ± s.e., the paired difference from fairseq's ``transformer``
-over the seeds both have (sign-flip p), and a verdict (ahead / within noise / behind).
+over the seeds both have (sign-flip p), and a verdict (ahead / within noise / behind); then one row per run (epochs
+and updates to the stop, best validation loss, valid and test BLEU, training hours).
 
     python benchmarks/translation/summarize_converged.py [--results JSON] [--device cpu|cuda] \
         [--claims benchmarks/results/paper_claims.json]
@@ -46,7 +47,8 @@ def summarize(rows, device="cpu"):
             continue
         seeds = sorted(runs)
         bleu = [runs[s]["test_bleu"] for s in seeds]
-        entry = {"seeds": seeds, "test_bleu": bleu, "updates": [runs[s]["updates"] for s in seeds]}
+        entry = {"seeds": seeds, "test_bleu": bleu, "updates": [runs[s]["updates"] for s in seeds],
+                 "runs": [runs[s] for s in seeds]}
         entry["mean"], entry["se"] = mean_se(bleu)
         common = [s for s in seeds if s in base]
         if config != CONFIGS[0] and len(common) >= 2:
@@ -69,6 +71,12 @@ def markdown(summary):
         updates = f"{lo}" if lo == hi else f"{lo}–{hi}"
         lines.append(f"| {config} | {per_seed} | {e['mean']:.2f}{se} | {updates} | {diff} "
                      f"| {e.get('verdict', '—')} |")
+    lines += ["", "| run | seed | epochs | updates | best valid loss | valid BLEU | test BLEU | hours (one thread) |",
+              "|---|---|---|---|---|---|---|---|"]
+    for config, e in summary["configs"].items():
+        for r in e["runs"]:
+            lines.append(f"| {config} | {r['seed']} | {r['epochs']} | {r['updates']} | {r['best_valid_loss']:.3f} "
+                         f"| {r['valid_bleu']:.2f} | {r['test_bleu']:.2f} | {r['train_seconds'] / 3600:.1f} |")
     if summary["capped"]:
         lines.append("")
         lines.append("Stopped at the update cap (not converged, not in the table): " +
