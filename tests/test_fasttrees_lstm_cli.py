@@ -112,7 +112,9 @@ def test_logic_experiment_script_writes_a_row_per_operator_count(tmp_path):
 
 def test_logic_experiment_script_trains_min_epoch_epochs_before_patience_can_stop(tmp_path):
     """With learning rate 0 validation accuracy never improves, so --patience 1 alone would stop after epoch 2;
-    MIN_EPOCH=3 trains the first two epochs with the stop off and stops at epoch 3 (the count kept)."""
+    MIN_EPOCH=3 trains the first two epochs with the stop off and stops at epoch 3 (the count kept).  Run again
+    with the same minimum, nothing is trained; with MIN_EPOCH=5, the stopped run continues from its checkpoint to
+    epoch 5 and stops there."""
     raw = tmp_path / "raw"
     raw.mkdir()
     _fake_logic(raw, max_ops=12, lines=30)
@@ -120,12 +122,23 @@ def test_logic_experiment_script_trains_min_epoch_epochs_before_patience_can_sto
     env = {"LOGIC": str(raw), "DATA": str(tmp_path / "bin"), "MIN_EPOCH": "3", "MAX_EPOCH": "6", "PATIENCE": "1",
            "LR": "0", "BATCH": "64", "RESULTS": str(results), "SIZE_FLAGS": "--embed-dim 8 --hidden-size 10",
            "PYTHON": cli.tool("python")}
-    cli.run(["bash", os.path.join(cli.ROOT, "benchmarks/fasttrees/logic_lstm.sh"), "onlstm_classifier_logic", 1,
-             tmp_path / "w"], env=env)
+    cmd = ["bash", os.path.join(cli.ROOT, "benchmarks/fasttrees/logic_lstm.sh"), "onlstm_classifier_logic", 1,
+           tmp_path / "w"]
+    cli.run(cmd, env=env)
     (row,) = json.load(open(results))
     assert (row["epochs"], row["min_epoch"], row["converged"]) == (3, 3, True), row
     assert row["command"].startswith("LR=0 MIN_EPOCH=3 MAX_EPOCH=6 PATIENCE=1 ")
-    assert "--patience: 1 validation(s) since the best" in (tmp_path / "w" / "train.log").read_text()
+    log = (tmp_path / "w" / "train.log").read_text()
+    assert "--patience: 1 validation(s) since the best" in log
+    cli.run(cmd, env=env)
+    assert (tmp_path / "w" / "train.log").read_text() == log
+    cli.run(cmd, env=dict(env, MIN_EPOCH="5"))
+    (row,) = json.load(open(results))
+    assert (row["epochs"], row["min_epoch"], row["converged"]) == (5, 5, True), row
+    more = (tmp_path / "w" / "train.log").read_text()[len(log):]
+    # continued from the end of epoch 3 (4 updates an epoch), not started again
+    assert re.search(r"Loaded checkpoint \S+checkpoint_last\.pt \(epoch \d+ @ 12 updates\)", more), more[-3000:]
+    assert "epoch 004 | valid" in more and "epoch 006 | valid" not in more
 
 
 def test_ptb_experiment_script_writes_perplexity_and_parsing_row(toy_lm_bin, tmp_path):

@@ -18,7 +18,9 @@
 # Resumable: run the same command again (fairseq-train continues from WORK's checkpoint_last.pt, saved after every
 # epoch: no mid-epoch saves, since fairseq validates at every save and --patience counts validations, not epochs;
 # a finished training, WORK/train.done, is not repeated; one that stopped at its MAX_EPOCH rather than by the
-# patience rule is continued when the command is run again with a larger MAX_EPOCH).
+# patience rule is continued when the command is run again with a larger MAX_EPOCH, and one that the patience rule
+# stopped before a larger MIN_EPOCH when it is run again with that MIN_EPOCH: the patience count is kept, so the
+# run then stops as if it had run under the larger minimum from the start).
 # Writes WORK/result.json and upserts its row in RESULTS (default benchmarks/fasttrees/results/logic_lstm.json).
 source "$(dirname "$0")/../../examples/fasttrees/common.sh"
 source "$(dirname "$0")/../min_epoch.sh"
@@ -54,9 +56,18 @@ stopped_by_patience() {  # the log's last validation was followed by fairseq's e
   awk '/valid on .valid. subset/ { v = NR } /early stop since valid performance/ { e = NR }
        END { exit !(e > v) }' "$1"
 }
-if [ -f "$WORK/train.done" ] && [ "$MAX_EPOCH" -gt "$(cat "$WORK/train.done")" ] 2> /dev/null \
-    && ! stopped_by_patience "$WORK/train.log"; then
-  rm "$WORK/train.done"  # capped at a smaller MAX_EPOCH: fairseq-train continues from checkpoint_last.pt
+epochs_trained() {  # the last epoch the log validated
+  local last
+  last=$(grep -o "epoch [0-9]* | valid on" "$1" | tail -n 1 | grep -o "[0-9][0-9]*" || true)
+  echo $(( 10#${last:-0} ))
+}
+if [ -f "$WORK/train.done" ]; then
+  if stopped_by_patience "$WORK/train.log"; then
+    # stopped by the rule before a MIN_EPOCH larger than the one it ran under: continue it to the new minimum
+    [ "$(epochs_trained "$WORK/train.log")" -ge "$MIN_EPOCH" ] || rm "$WORK/train.done"
+  elif [ "$MAX_EPOCH" -gt "$(cat "$WORK/train.done")" ] 2> /dev/null; then
+    rm "$WORK/train.done"  # capped at a smaller MAX_EPOCH: fairseq-train continues from checkpoint_last.pt
+  fi
 fi
 train=("$BIN/fairseq-train" "$DATA" --user-dir user_dir "${TASK[@]}" --arch "$ARCH" "${SIZE[@]}"
   --optimizer adam --lr "$LR" --clip-norm 1.0 --batch-size "$BATCH"
