@@ -47,8 +47,7 @@ def summarize(rows, device="cpu"):
             continue
         seeds = sorted(runs)
         bleu = [runs[s]["test_bleu"] for s in seeds]
-        entry = {"seeds": seeds, "test_bleu": bleu, "updates": [runs[s]["updates"] for s in seeds],
-                 "runs": [runs[s] for s in seeds]}
+        entry = {"seeds": seeds, "test_bleu": bleu, "runs": [runs[s] for s in seeds]}
         entry["mean"], entry["se"] = mean_se(bleu)
         common = [s for s in seeds if s in base]
         if config != CONFIGS[0] and len(common) >= 2:
@@ -67,7 +66,8 @@ def markdown(summary):
         se = "" if e["se"] is None else f" ± {e['se']:.2f}"
         p = e.get("paired")
         diff = "—" if p is None else paired_text(p)
-        lo, hi = min(e["updates"]), max(e["updates"])
+        updates = [r["updates"] for r in e["runs"]]
+        lo, hi = min(updates), max(updates)
         updates = f"{lo}" if lo == hi else f"{lo}–{hi}"
         lines.append(f"| {config} | {per_seed} | {e['mean']:.2f}{se} | {updates} | {diff} "
                      f"| {e.get('verdict', '—')} |")
