@@ -380,17 +380,31 @@ def test_converged_script_runs_masked_summation(model, tmp_path):
 def test_converged_script_min_epoch_holds_off_the_patience_rule(tmp_path):
     """converged.sh masked_sum with MIN_EPOCH: at learning rate 0 dev MSE never improves after epoch 1, so patience 1
     would stop the run after epoch 2; MIN_EPOCH=4 keeps it training to epoch 4, where the count (3 validations since
-    the best, carried across the two fairseq-train calls) stops it, and the row's command names the minimum."""
+    the best, carried across the two fairseq-train calls) stops it, and the row's command names the minimum.  Run
+    again with the same minimum, nothing is trained; with MIN_EPOCH=6 the stopped run continues from its checkpoint
+    to epoch 6 and stops there, its row replaced."""
     import json
 
     results = tmp_path / "rows.json"
     env = {"N": "16", "SAMPLES": "64", "LR": "0", "PATIENCE": "1", "MIN_EPOCH": "4", "MAX_EPOCH": "8",
            "RESULTS": str(results), "PYTHON": cli.tool("python")}
-    cli.run(["bash", os.path.join(cli.ROOT, "benchmarks/star_transformer/converged.sh"), "masked_sum", "lstm", 1,
-             tmp_path / "w"], env=env)
+    cmd = ["bash", os.path.join(cli.ROOT, "benchmarks/star_transformer/converged.sh"), "masked_sum", "lstm", 1,
+           tmp_path / "w"]
+    cli.run(cmd, env=env)
     (row,) = json.load(open(results))
-    assert (row["epochs"], row["converged"]) == (4, True)
+    assert (row["epochs"], row["min_epoch"], row["converged"]) == (4, 4, True)
     assert row["command"].startswith("N=16 LR=0 SAMPLES=64 MIN_EPOCH=4 MAX_EPOCH=8 PATIENCE=1 ")
+    log = (tmp_path / "w" / "train_masked_sum.log").read_text()
+    cli.run(cmd, env=env)
+    assert (tmp_path / "w" / "train_masked_sum.log").read_text() == log
+    cli.run(cmd, env=dict(env, MIN_EPOCH="6"))
+    (row,) = json.load(open(results))
+    assert (row["epochs"], row["min_epoch"], row["converged"]) == (6, 6, True), row
+    assert row["command"].startswith("N=16 LR=0 SAMPLES=64 MIN_EPOCH=6 MAX_EPOCH=8 PATIENCE=1 ")
+    more = (tmp_path / "w" / "train_masked_sum.log").read_text()[len(log):]
+    # continued from the end of epoch 4 (1 update an epoch: 64 samples, batch 64), not started again
+    assert re.search(r"Loaded checkpoint \S+checkpoint_last\.pt \(epoch \d+ @ 4 updates\)", more), more[-3000:]
+    assert "epoch 005 | valid" in more and "epoch 007 | valid" not in more
 
 
 def test_convergence_summary_pairs_seeds_and_writes_claims(tmp_path, capsys):
@@ -409,7 +423,7 @@ def test_convergence_summary_pairs_seeds_and_writes_claims(tmp_path, capsys):
             row("sst5", "transformer", 1, 40.0), row("sst5", "transformer", 2, 40.0),
             row("masked_sum", "star", 1, 0.10, n=100), row("masked_sum", "transformer", 1, 0.20, n=100),
             row("masked_sum", "star", 2, 0.12, n=100), row("masked_sum", "transformer", 2, 0.22, n=100),
-            row("masked_sum", "star", 1, 0.5, n=200)]
+            dict(row("masked_sum", "star", 1, 0.5, n=200), min_epoch=20)]
     (tmp_path / "rows.json").write_text(json.dumps(rows))
     claims = tmp_path / "claims.json"
     load_script("benchmarks/star_transformer/summarize_converged.py").main(
@@ -425,6 +439,7 @@ def test_convergence_summary_pairs_seeds_and_writes_claims(tmp_path, capsys):
     assert by_id["star_masked_sum"]["by_n"] == {  # n = 200, one seed: not the claim's pair, but listed
         "100": {"star": {"1": 0.10, "2": 0.12}, "transformer": {"1": 0.20, "2": 0.22}}, "200": {"star": {"1": 0.5}}}
     assert "star_conll03" not in by_id  # no CoNLL rows yet
+    assert "| star | 1: 0.5 | 0.5 | 9 (min 20) | — | — |" in out  # a run held to a minimum epoch count says so
 
 
 def test_convergence_summary_reports_each_model_at_its_learning_rate_chosen_on_dev(tmp_path, capsys):

@@ -52,20 +52,10 @@ if [ ! -f "$DATA/label/dict.txt" ]; then
 fi
 TASK=(--task sentence_pair_classification --num-classes 7 --max-positions 1024 --criterion sentence_prediction)
 mkdir -p "$WORK"
-stopped_by_patience() {  # the log's last validation was followed by fairseq's early stop
-  awk '/valid on .valid. subset/ { v = NR } /early stop since valid performance/ { e = NR }
-       END { exit !(e > v) }' "$1"
-}
-epochs_trained() {  # the last epoch the log validated
-  local last
-  last=$(grep -o "epoch [0-9]* | valid on" "$1" | tail -n 1 | grep -o "[0-9][0-9]*" || true)
-  echo $(( 10#${last:-0} ))
-}
 if [ -f "$WORK/train.done" ]; then
-  if stopped_by_patience "$WORK/train.log"; then
-    # stopped by the rule before a MIN_EPOCH larger than the one it ran under: continue it to the new minimum
-    [ "$(epochs_trained "$WORK/train.log")" -ge "$MIN_EPOCH" ] || rm "$WORK/train.done"
-  elif [ "$MAX_EPOCH" -gt "$(cat "$WORK/train.done")" ] 2> /dev/null; then
+  if stopped_before_min_epoch "$MIN_EPOCH" "$WORK/train.log"; then
+    rm "$WORK/train.done"  # stopped by the rule before a larger MIN_EPOCH than it ran under: continue to it
+  elif ! stopped_by_patience "$WORK/train.log" && [ "$MAX_EPOCH" -gt "$(cat "$WORK/train.done")" ] 2> /dev/null; then
     rm "$WORK/train.done"  # capped at a smaller MAX_EPOCH: fairseq-train continues from checkpoint_last.pt
   fi
 fi

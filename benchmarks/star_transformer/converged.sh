@@ -12,7 +12,9 @@
 # MODEL: star | transformer, or (masked_sum only) lstm | bilstm: the paper's recurrent baselines there, 2 layers of
 # width 100 (a BiLSTM 50 per direction).  Random embeddings (the paper's GloVe is not available here).
 # Resumable: run the same command again (fairseq-train continues from the run's checkpoint_last.pt; a run with a
-# row in WORK/result.json is not repeated).  Upserts its row in RESULTS (default
+# row in WORK/result.json is not repeated, except a masked_sum run the patience rule stopped before a larger
+# MIN_EPOCH than it ran under: run again with that minimum, it continues to it, its patience count kept, and
+# stops as if it had run under the larger minimum from the start).  Upserts its row in RESULTS (default
 # benchmarks/star_transformer/results/converged.json).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -37,7 +39,13 @@ MIN_EPOCH=${MIN_EPOCH:-1}
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} MKL_NUM_THREADS=${MKL_NUM_THREADS:-1}
 default_results=benchmarks/star_transformer/results/converged.json
 RESULTS=${RESULTS-$default_results}
-[ -f "$WORK/result.json" ] && { cat "$WORK/result.json"; exit 0; }
+if [ -f "$WORK/result.json" ]; then
+  if [ "$TASK" = masked_sum ] && stopped_before_min_epoch "$MIN_EPOCH" "$WORK/train_masked_sum.log"; then
+    rm "$WORK/result.json"  # stopped by the rule before a larger MIN_EPOCH than it ran under: continue to it
+  else
+    cat "$WORK/result.json"; exit 0  # finished
+  fi
+fi
 mkdir -p "$WORK"
 BIN=$(dirname "$PYTHON")
 masked_sum() {
@@ -58,6 +66,6 @@ case "$TASK" in
 esac
 n_flag=(); [ "$TASK" = masked_sum ] && n_flag=(--n "$N" --lr "$LR")
 "$PYTHON" benchmarks/star_transformer/converged_rows.py --work "$WORK" --task "$TASK" --model "$MODEL" --seed "$SEED" \
-  "${n_flag[@]}" --max-epoch "$MAX_EPOCH" \
+  "${n_flag[@]}" --max-epoch "$MAX_EPOCH" --min-epoch "$MIN_EPOCH" \
   --command "$([ "$TASK" = masked_sum ] && echo "N=$N ")$([ -n "$lr_tag" ] && echo "LR=$LR ")$([ "$SAMPLES" != 10000 ] && echo "SAMPLES=$SAMPLES ")$([ "$MIN_EPOCH" != 1 ] && echo "MIN_EPOCH=$MIN_EPOCH ")MAX_EPOCH=$MAX_EPOCH PATIENCE=$PATIENCE$([ "$RESULTS" != "$default_results" ] && echo " RESULTS=$RESULTS") benchmarks/star_transformer/converged.sh $TASK $MODEL $SEED${4:+ $4}" \
   ${RESULTS:+--results "$RESULTS"}

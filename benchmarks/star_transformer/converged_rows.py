@@ -36,6 +36,7 @@ def main(argv=None):
     p.add_argument("--n", type=int, help="sequence length (masked_sum)")
     p.add_argument("--lr", type=float, help="learning rate (masked_sum: a row per learning rate)")
     p.add_argument("--max-epoch", type=int, required=True)
+    p.add_argument("--min-epoch", type=int, default=1, help="the epoch before which --patience could not stop it")
     p.add_argument("--command", required=True)
     p.add_argument("--results", default=None)
     args = p.parse_args(argv)
@@ -50,7 +51,7 @@ def main(argv=None):
         test = re.findall(rf"valid on 'test' subset \|(?:[^\n]*?\|)? {metric} ([\d.]+) \|", f.read())
     if not test:
         raise SystemExit(f"converged_rows: {test_log} holds no test {metric}")
-    row = {"task": args.task, **({"n": args.n, "lr": args.lr} if args.task == "masked_sum" else {}), "model": args.model,
+    row = {"task": args.task, **({"n": args.n, "lr": args.lr, "min_epoch": args.min_epoch} if args.task == "masked_sum" else {}), "model": args.model,
            "seed": args.seed, "metric": metric, "updates": updates, "epochs": epochs, "converged": early,
            "best_dev": (min if metric == "mse" else max)(dev), "test": float(test[-1]),
            "train_seconds": train_seconds(train_log), "command": args.command}

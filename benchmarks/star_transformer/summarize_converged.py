@@ -6,9 +6,10 @@ per seed and its mean ± s.e., and Star − Transformer paired over the seeds bo
     python benchmarks/star_transformer/summarize_converged.py [--results JSON] \
         [--claims benchmarks/results/paper_claims.json]
 
-Runs that stopped at ``--max-epoch`` rather than by ``--patience`` are marked "capped"; a masked-summation run
-whose best dev MSE is no better than predicting the targets' mean is marked "failed" in the table and listed
-under ``failed_seeds`` in its claim row (it still counts in the mean: it is what the model did).  Where a model has
+Runs that stopped at ``--max-epoch`` rather than by ``--patience`` are marked "capped", and runs held to a minimum
+epoch count (``MIN_EPOCH``) name it beside their epochs; a masked-summation run whose best dev MSE is no better
+than predicting the targets' mean is marked "failed" in the table and listed under ``failed_seeds`` in its claim
+row (it still counts in the mean: it is what the model did).  Where a model has
 runs at several learning rates (masked summation, ``LR=``), it is reported at the one whose runs have the best
 mean dev metric (chosen on dev, never on test), and the table says which it was.  ``--claims`` writes the rows
 ``star_sst5``, ``star_conll03`` and ``star_masked_sum`` (the longest n with >= 2 paired seeds; ``by_n`` holds every
@@ -68,8 +69,9 @@ def failed(row):
 
 
 def epochs_text(row):
-    """``"34"``, ``"50 (capped)"`` or ``"6 (failed)"``."""
-    return f"{row['epochs']}{'' if row['converged'] else ' (capped)'}{' (failed)' if failed(row) else ''}"
+    """``"34"``, ``"50 (capped)"``, ``"6 (failed)"``, or with the run's minimum where it had one, ``"29 (min 20)"``."""
+    minimum = f" (min {row['min_epoch']})" if row.get("min_epoch", 1) > 1 else ""
+    return f"{row['epochs']}{minimum}{'' if row['converged'] else ' (capped)'}{' (failed)' if failed(row) else ''}"
 
 
 def lr_text(choice, metric):
