@@ -51,8 +51,9 @@ def main(argv=None):
         test = re.findall(rf"valid on 'test' subset \|(?:[^\n]*?\|)? {metric} ([\d.]+) \|", f.read())
     if not test:
         raise SystemExit(f"converged_rows: {test_log} holds no test {metric}")
-    row = {"task": args.task, **({"n": args.n, "lr": args.lr, "min_epoch": args.min_epoch} if args.task == "masked_sum" else {}), "model": args.model,
-           "seed": args.seed, "metric": metric, "updates": updates, "epochs": epochs, "converged": early,
+    masked_sum = {"n": args.n, "lr": args.lr, "min_epoch": args.min_epoch} if args.task == "masked_sum" else {}
+    row = {"task": args.task, **masked_sum, "model": args.model, "seed": args.seed, "metric": metric,
+           "updates": updates, "epochs": epochs, "converged": early,
            "best_dev": (min if metric == "mse" else max)(dev), "test": float(test[-1]),
            "train_seconds": train_seconds(train_log), "command": args.command}
     with open(os.path.join(args.work, "result.json"), "w") as f:

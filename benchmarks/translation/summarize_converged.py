@@ -66,10 +66,9 @@ def markdown(summary):
         se = "" if e["se"] is None else f" ± {e['se']:.2f}"
         p = e.get("paired")
         diff = "—" if p is None else paired_text(p)
-        updates = [r["updates"] for r in e["runs"]]
-        lo, hi = min(updates), max(updates)
-        updates = f"{lo}" if lo == hi else f"{lo}–{hi}"
-        lines.append(f"| {config} | {per_seed} | {e['mean']:.2f}{se} | {updates} | {diff} "
+        lo, hi = min(r["updates"] for r in e["runs"]), max(r["updates"] for r in e["runs"])
+        span = f"{lo}" if lo == hi else f"{lo}–{hi}"
+        lines.append(f"| {config} | {per_seed} | {e['mean']:.2f}{se} | {span} | {diff} "
                      f"| {e.get('verdict', '—')} |")
     lines += ["", "| run | seed | epochs | updates | best valid loss | valid BLEU | test BLEU | hours (one thread) |",
               "|---|---|---|---|---|---|---|---|"]
